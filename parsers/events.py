@@ -1,0 +1,72 @@
+"""What the output parser reports: items start, grow by text deltas, and end.
+
+An item is one Harmony message the client should see: reasoning (analysis), a message (final answer or a
+commentary preamble) or a function tool call. Indexes count emitted items from 0 in order.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ItemKind(enum.Enum):
+    REASONING = "reasoning"  # analysis channel
+    FINAL = "final"  # the answer
+    PREAMBLE = "preamble"  # commentary with no recipient: user-visible text before tool calls
+    TOOL_CALL = "tool_call"  # addressed to functions.NAME; the text is the arguments
+
+
+class ItemStarted:
+    __slots__ = ("index", "kind", "name")
+
+    def __init__(self, index: int, kind: ItemKind, name: str | None = None) -> None:
+        self.index = index
+        self.kind = kind
+        self.name = name  # the function name, for tool calls
+
+    def __repr__(self) -> str:
+        return f"ItemStarted({self.index}, {self.kind.name}, {self.name!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ItemStarted) and (self.index, self.kind, self.name) == (
+            other.index,
+            other.kind,
+            other.name,
+        )
+
+
+class ItemDelta:
+    # A plain slotted class: one is made per streamed step, and a dataclass costs twice as much to build.
+    __slots__ = ("index", "text")
+
+    def __init__(self, index: int, text: str) -> None:
+        self.index = index
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"ItemDelta({self.index}, {self.text!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ItemDelta) and (self.index, self.text) == (other.index, other.text)
+
+
+class ItemDone:
+    __slots__ = ("index", "complete", "token_count")
+
+    def __init__(self, index: int, complete: bool, token_count: int) -> None:
+        self.index = index
+        self.complete = complete  # False when the output was cut off inside the item
+        self.token_count = token_count  # body tokens of the item
+
+    def __repr__(self) -> str:
+        return f"ItemDone({self.index}, complete={self.complete}, tokens={self.token_count})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ItemDone) and (self.index, self.complete, self.token_count) == (
+            other.index,
+            other.complete,
+            other.token_count,
+        )
+
+
+Event = ItemStarted | ItemDelta | ItemDone

@@ -1,0 +1,228 @@
+"""The streaming Harmony output parser: generated token ids in, item events out.
+
+One parser serves streaming and non-streaming alike (non-streaming folds the same events), and it gives the
+same events, merged, for any split of the same token stream. It never raises on model output and never lets
+a special token or header text into an item's text. It recovers from what gpt-oss really writes:
+
+- the header in any order (`to=` before or after `<|channel|>`), any content type or none, no channel;
+- a missing or repeated `<|start|>assistant`;
+- `<|start|>` or `<|channel|>` inside a message body: an implicit end of that message;
+- text with no header at all: final content;
+- a malformed header, or one addressed to a namespace other than `functions` (`browser.search`, `python`):
+  that message is skipped whole, the rest is kept;
+- output cut off anywhere: the open item ends incomplete, a half-written header is dropped.
+
+Cost per token does not grow with the message: a body token is one list lookup and one append (openai-harmony's
+StreamableParser copies the whole message on every `current_content`, and raises on bare text).
+"""
+
+from __future__ import annotations
+
+import codecs
+import enum
+from collections.abc import Iterable
+
+from parsers.events import Event, ItemDelta, ItemDone, ItemKind, ItemStarted
+from parsers.header import Header, Marker, could_start_header, parse_header
+from parsers.vocab import Vocab
+
+# A header longer than this is not a header: the message is skipped rather than buffered without bound.
+MAX_HEADER_BYTES = 1024
+
+_CHANNEL_KINDS = {"analysis": ItemKind.REASONING, "commentary": ItemKind.PREAMBLE, "final": ItemKind.FINAL}
+_FUNCTIONS = "functions."
+
+
+class _Mode(enum.Enum):
+    PREFIX = 0  # between messages: text here may be a header missing its <|start|>, or bare content
+    HEADER = 1  # inside a header after <|start|>, <|channel|> or <|constrain|>
+    BODY = 2  # inside the body of an item we emit
+    SKIP_HEADER = 3  # inside a header too long to be one
+    SKIP_BODY = 4  # inside the body of a message we skip
+
+
+class OutputParser:
+    """Parses one assistant turn, from the token after the prompt's final `<|start|>assistant`."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        self._token_text = vocab.token_text
+        self._token_bytes = vocab.token_bytes
+        self._text_token_count = vocab.text_token_count
+        special = vocab.special
+        self._start, self._channel, self._constrain = special.start, special.channel, special.constrain
+        self._message = special.message
+        self._ends = frozenset({special.end, special.return_, special.call})
+
+        # The prompt ended with <|start|>assistant, so we begin where a header would.
+        self._mode = _Mode.PREFIX
+        self._segments: list[tuple[Marker, bytearray]] = [(Marker.NONE, bytearray())]
+        self._header_bytes = 0
+        self._prefix_tokens = 0
+
+        self._item = -1  # index of the open item
+        self._kind: ItemKind | None = None
+        self._item_tokens = 0
+        self._next_index = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._pending = False  # the decoder holds the first bytes of a character
+        self.reasoning_tokens = 0
+
+    def feed(self, tokens: Iterable[int]) -> list[Event]:
+        """Parse newly generated tokens; return the events they complete."""
+        events: list[Event] = []
+        run: list[str] = []  # body text of the open item in this call, one piece per token
+        token_text, text_token_count = self._token_text, self._text_token_count
+        in_body, pending = self._mode is _Mode.BODY, self._pending
+        for token in tokens:
+            if in_body and token < text_token_count:  # the hot path: a body token
+                piece = token_text[token]
+                if piece is None or pending:
+                    piece = self._decode_partial(token)
+                    pending = self._pending
+                run.append(piece)
+                continue
+            if run:
+                self._flush(run, events)
+                run = []
+            if token < text_token_count:
+                self._header_text(token, events)
+            else:
+                self._special(token, events)
+            in_body, pending = self._mode is _Mode.BODY, self._pending
+        if run:
+            self._flush(run, events)
+        return events
+
+    def finish(self) -> list[Event]:
+        """The generation ended: close an item cut off mid-body, drop a half-written header."""
+        events: list[Event] = []
+        if self._mode is _Mode.BODY:
+            self._close(complete=False, events=events)
+        elif self._mode is _Mode.PREFIX:
+            self._settle_prefix(complete=False, events=events)
+        self._reset_header(_Mode.PREFIX)
+        return events
+
+    # -- text outside a body -------------------------------------------------------------------------
+
+    def _header_text(self, token: int, events: list[Event]) -> None:
+        mode = self._mode
+        if mode is _Mode.SKIP_BODY or mode is _Mode.SKIP_HEADER:
+            return
+        piece = self._token_bytes[token]
+        self._header_bytes += len(piece)
+        self._segments[-1][1].extend(piece)
+        if mode is _Mode.HEADER:
+            if self._header_bytes > MAX_HEADER_BYTES:
+                self._mode = _Mode.SKIP_HEADER
+            return
+        # PREFIX: hold the text while it may still be a header; once it reads as prose it is bare content.
+        self._prefix_tokens += 1
+        held = self._segments[0][1]
+        if not could_start_header(held.decode("utf-8", "replace")):
+            self._open(ItemKind.FINAL, None, events)
+            self._item_tokens = self._prefix_tokens
+            text = self._decoder.decode(bytes(held))
+            self._pending = bool(self._decoder.getstate()[0])
+            if text:
+                events.append(ItemDelta(self._item, text))
+
+    # -- special tokens ------------------------------------------------------------------------------
+
+    def _special(self, token: int, events: list[Event]) -> None:
+        mode = self._mode
+        if token in self._ends or token == self._start:
+            if mode is _Mode.BODY:
+                self._close(complete=True, events=events)
+            elif mode is _Mode.PREFIX:
+                self._settle_prefix(complete=True, events=events)
+            self._reset_header(_Mode.HEADER if token == self._start else _Mode.PREFIX)
+        elif token == self._channel or token == self._constrain:
+            marker = Marker.CHANNEL if token == self._channel else Marker.CONSTRAIN
+            if mode is _Mode.BODY or mode is _Mode.SKIP_BODY:
+                if marker is Marker.CONSTRAIN:
+                    return  # stray inside a body: dropped
+                if mode is _Mode.BODY:
+                    self._close(complete=True, events=events)
+                self._reset_header(_Mode.HEADER)  # <|channel|> inside a body: implicit end
+            elif mode is _Mode.SKIP_HEADER:
+                return
+            self._segments.append((marker, bytearray()))
+            self._mode = _Mode.HEADER
+        elif token == self._message:
+            if mode is _Mode.PREFIX or mode is _Mode.HEADER:
+                self._begin_body(events)
+            elif mode is _Mode.SKIP_HEADER:
+                self._mode = _Mode.SKIP_BODY
+        # Any other special token (<|endoftext|>, reserved ids, ids past the vocabulary) is dropped.
+
+    def _settle_prefix(self, complete: bool, events: list[Event]) -> None:
+        """Held text ended by a boundary: a complete header fragment is dropped, anything else was bare content."""
+        held = bytes(self._segments[0][1])
+        text = held.decode("utf-8", "replace")
+        if not text.strip() or could_start_header(text + " "):
+            return
+        self._open(ItemKind.FINAL, None, events)
+        self._item_tokens = self._prefix_tokens
+        events.append(ItemDelta(self._item, self._decoder.decode(held, True)))
+        self._close(complete, events)
+
+    def _begin_body(self, events: list[Event]) -> None:
+        header = parse_header([(marker, bytes(text).decode("utf-8", "replace")) for marker, text in self._segments])
+        target = _classify(header)
+        if target is None:
+            self._mode = _Mode.SKIP_BODY
+        else:
+            self._open(target[0], target[1], events)
+
+    # -- items ---------------------------------------------------------------------------------------
+
+    def _open(self, kind: ItemKind, name: str | None, events: list[Event]) -> None:
+        self._item, self._kind, self._item_tokens = self._next_index, kind, 0
+        self._next_index += 1
+        self._decoder.reset()
+        self._pending = False
+        self._mode = _Mode.BODY
+        events.append(ItemStarted(self._item, kind, name))
+
+    def _flush(self, run: list[str], events: list[Event]) -> None:
+        self._item_tokens += len(run)
+        text = "".join(run)
+        if text:
+            events.append(ItemDelta(self._item, text))
+
+    def _decode_partial(self, token: int) -> str:
+        piece = self._decoder.decode(self._token_bytes[token])
+        self._pending = bool(self._decoder.getstate()[0])
+        return piece
+
+    def _close(self, complete: bool, events: list[Event]) -> None:
+        if self._pending:
+            tail = self._decoder.decode(b"", True)  # a character cut in half becomes U+FFFD
+            if tail:
+                events.append(ItemDelta(self._item, tail))
+            self._pending = False
+        events.append(ItemDone(self._item, complete, self._item_tokens))
+        if self._kind is ItemKind.REASONING:
+            self.reasoning_tokens += self._item_tokens
+        self._item, self._kind = -1, None
+
+    def _reset_header(self, mode: _Mode) -> None:
+        self._mode = mode
+        self._segments = [(Marker.NONE, bytearray())]
+        self._header_bytes = 0
+        self._prefix_tokens = 0
+
+
+def _classify(header: Header | None) -> tuple[ItemKind, str | None] | None:
+    """What a message becomes: (kind, function name), or None to skip it."""
+    if header is None:
+        return None
+    recipient = header.recipient
+    if recipient is None:
+        return _CHANNEL_KINDS.get(header.channel or "final", ItemKind.FINAL), None
+    if recipient.startswith(_FUNCTIONS) and len(recipient) > len(_FUNCTIONS):
+        return ItemKind.TOOL_CALL, recipient[len(_FUNCTIONS) :]
+    # Built-in tools (browser.*, python, container.*) and other namespaces were not offered by this server:
+    # their payload must neither leak nor become a call to a user function of the same short name.
+    return None
