@@ -1,0 +1,73 @@
+"""A conversation as Harmony sees it, whichever OpenAI API it came from.
+
+Chat Completions messages and Responses input items both translate into this list of plain items; the
+renderer turns the list into prompt tokens. Keeping one form means one set of rendering rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tools.definitions import FunctionTool
+
+
+@dataclass(frozen=True)
+class Instructions:
+    """A system or developer message: the developer instructions of Harmony."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class UserMessage:
+    text: str
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """The assistant's chain of thought (analysis channel)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class AssistantMessage:
+    """Visible assistant text: a final answer, or a commentary preamble written before tool calls."""
+
+    text: str
+    preamble: bool = False
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    call_id: str
+    name: str
+    output: str
+
+
+Item = Instructions | UserMessage | Reasoning | AssistantMessage | ToolCall | ToolResult
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """A structured-output format the model is told about in the developer message."""
+
+    name: str
+    schema: dict[str, Any]
+    description: str = ""
+
+
+@dataclass
+class Prompt:
+    items: list[Item]
+    tools: list[FunctionTool] = field(default_factory=list)  # offered to the model (none when tool_choice=none)
+    reasoning_effort: str = "medium"
+    response_format: ResponseFormat | None = None

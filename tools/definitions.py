@@ -1,0 +1,77 @@
+"""Function tools a request declares, checked once so nothing later has to doubt them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+# OpenAI allows letters, digits, '_' and '-'; gpt-oss tool names with dots round-trip too (vLLM #51977).
+# Whitespace cannot: the name is written into the Harmony recipient `to=functions.NAME`.
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+
+
+class ToolError(ValueError):
+    """A tool declaration or tool_choice the server cannot accept; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] | None = None  # a JSON Schema; None when the function takes no arguments
+    strict: bool | None = None
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """`auto`, `none`, `required`, or `function` with the one function the model must call."""
+
+    mode: str = "auto"
+    name: str | None = None
+
+    @property
+    def forces_call(self) -> bool:
+        return self.mode in ("required", "function")
+
+
+def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: str) -> FunctionTool:
+    """Check one function declaration; `param` is its path in the request, for error messages."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ToolError(
+            f"Invalid function name {name!r}: use 1 to 128 letters, digits, '_', '-' or '.'", f"{param}.name"
+        )
+    if description is not None and not isinstance(description, str):
+        raise ToolError("The function description must be a string.", f"{param}.description")
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise ToolError("The function parameters must be a JSON Schema object.", f"{param}.parameters")
+        try:
+            jsonschema.validators.validator_for(parameters).check_schema(parameters)
+        except jsonschema.SchemaError as exc:
+            raise ToolError(f"Invalid JSON Schema for function {name!r}: {exc.message}", f"{param}.parameters") from exc
+    if strict is not None and not isinstance(strict, bool):
+        raise ToolError("`strict` must be a boolean.", f"{param}.strict")
+    return FunctionTool(name, description or "", parameters, strict)
+
+
+def check_unique(tools: Sequence[FunctionTool], param: str) -> None:
+    seen: set[str] = set()
+    for position, tool in enumerate(tools):
+        if tool.name in seen:
+            raise ToolError(f"Function {tool.name!r} is declared twice.", f"{param}[{position}].name")
+        seen.add(tool.name)
+
+
+def check_choice(choice: ToolChoice, tools: Sequence[FunctionTool], param: str) -> None:
+    if choice.mode == "required" and not tools:
+        raise ToolError("tool_choice 'required' needs at least one tool in `tools`.", param)
+    if choice.mode == "function" and choice.name not in {tool.name for tool in tools}:
+        raise ToolError(f"tool_choice names function {choice.name!r}, which is not in `tools`.", param)
