@@ -1,0 +1,102 @@
+"""The one narrow interface every engine implements: prompt token ids in, generated token ids out.
+
+`Engine.generate(request)` returns an async iterator of `Step`s. Each step carries the newly generated token
+ids (one or many: engines with a stream interval send several at once), including the stop token that ended
+generation, because the Harmony parser needs to see `<|call|>`. The last step carries the finish reason and
+the token counts. Closing the iterator early (`aclose()`, or cancelling the task that iterates it) cancels
+the request: the engine must stop its work and free its slot at once.
+
+Engines report failures by raising `EngineError`; before the first step that becomes an HTTP error, after it
+an error event or a failed response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from parsers.conversation import ResponseFormat
+from tools.definitions import FunctionTool, ToolChoice
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0  # stop tokens do not end generation before this many tokens
+    ignore_eos: bool = False  # generate until max_tokens: stop tokens do not end generation
+
+
+@dataclass(frozen=True)
+class OutputConstraint:
+    """What the output must follow: the tool choice and tools, and a response format.
+
+    Engines with guided decoding enforce it; others may ignore it. The mock engine honours the tool choice.
+    """
+
+    tools: tuple[FunctionTool, ...] = ()
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    response_format: ResponseFormat | None = None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    constraint: OutputConstraint = field(default_factory=OutputConstraint)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None = None  # prompt tokens served from the KV cache, when the engine knows
+
+
+@dataclass(frozen=True)
+class Step:
+    token_ids: Sequence[int]
+    finish_reason: FinishReason | None = None  # set on the last step only
+    usage: Usage | None = None  # set on the last step only
+
+
+class EngineError(Exception):
+    """A request the engine could not serve. `status` is the HTTP status it should become."""
+
+    def __init__(self, message: str, status: int = 500, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+
+
+class Engine(Protocol):
+    name: str
+
+    @property
+    def ready(self) -> bool:
+        """True once the engine can take requests (health checks and request gating read this)."""
+        ...
+
+    async def check_health(self) -> None:
+        """Return when the engine can serve now; raise EngineError (503) saying why not."""
+        ...
+
+    async def start(self) -> None:
+        """Load models or connect; called once, before requests are served."""
+        ...
+
+    async def close(self) -> None:
+        """Release everything; called once at shutdown."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
+        """Stream the generated tokens of one request; closing the iterator cancels the request."""
+        ...

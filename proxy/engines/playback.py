@@ -1,0 +1,66 @@
+"""An engine that plays Harmony text back as generated tokens, the way a real engine would stream them.
+
+The scripted and mock engines differ only in who writes the text; this one streams it: one token per step,
+an optional delay between steps, `max_tokens` and `min_tokens` honoured, and a completion that does not end
+on a stop token finishes with `length`, as a real engine cut off by its token limit would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Callable
+
+from parsers.vocab import Vocab
+from proxy.engines.base import EngineError, GenerationRequest, Step, Usage
+
+logger = logging.getLogger("harmony_proxy.engine")
+
+Author = Callable[[GenerationRequest], str]
+
+
+class PlaybackEngine:
+    def __init__(self, name: str, vocab: Vocab, author: Author, token_delay: float = 0.0) -> None:
+        self.name = name
+        self._vocab = vocab
+        self._author = author
+        self._token_delay = token_delay
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    async def check_health(self) -> None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
+        try:
+            tokens = self._vocab.encode_harmony(self._author(request))
+        except Exception as exc:  # an author that fails is an engine failure, not a server crash
+            raise EngineError(f"the {self.name} engine could not produce a completion: {exc}") from exc
+        sampling = request.sampling
+        stops = frozenset(() if sampling.ignore_eos else sampling.stop_token_ids)
+        generated = 0
+        finish = "length"
+        try:
+            for token in tokens:
+                if generated >= sampling.max_tokens:
+                    break
+                # Sleep even for 0 s: like a real engine, give the event loop (other requests, disconnects) a turn.
+                await asyncio.sleep(self._token_delay)
+                generated += 1
+                yield Step((token,))
+                if token in stops and generated >= sampling.min_tokens:
+                    finish = "stop"
+                    break
+        except (GeneratorExit, asyncio.CancelledError):
+            logger.info("%s engine: request %s cancelled after %d tokens", self.name, request.request_id, generated)
+            raise
+        usage = Usage(prompt_tokens=len(request.prompt_token_ids), completion_tokens=generated)
+        yield Step((), finish, usage)
