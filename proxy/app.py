@@ -1,0 +1,60 @@
+"""The Starlette application: routes, error handlers, and the engine's life cycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
+
+from proxy.chat.routes import chat_completions, tokenize
+from proxy.errors import APIError, api_error_handler, http_error_handler, unexpected_error_handler
+from proxy.state import ServerState
+from proxy.status import health, list_models, retrieve_model
+
+logger = logging.getLogger("harmony_proxy")
+
+
+def create_app(state: ServerState) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # The engine loads in the background: the server answers at once, /health says 503 until it is ready.
+        starting = asyncio.create_task(_start_engine(state))
+        try:
+            yield
+        finally:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            await state.engine.close()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/v1/models", list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        exception_handlers={
+            APIError: api_error_handler,
+            HTTPException: http_error_handler,
+            Exception: unexpected_error_handler,
+        },
+        lifespan=lifespan,
+    )
+    app.state.harmony = state
+    return app
+
+
+async def _start_engine(state: ServerState) -> None:
+    try:
+        await state.engine.start()
+    except Exception:
+        logger.exception("the %s engine failed to start; /health stays 503", state.engine.name)
+        return
+    logger.info("the %s engine is ready, serving %s", state.engine.name, state.config.served_model_name)

@@ -1,0 +1,199 @@
+"""A Chat Completions request body, checked and translated into a Harmony prompt and generation options.
+
+Decisions (documented in the README):
+- System and developer messages that open the conversation become the Harmony developer instructions, joined
+  by blank lines in order; later ones are rendered where they stand.
+- reasoning_effort: top-level `reasoning_effort` wins over `chat_template_kwargs.reasoning_effort`, which wins
+  over `chat_template_args.reasoning_effort`; otherwise the server default.
+- Content given as a list of text parts is joined with newlines.
+- An assistant message with `tool_calls` renders as analysis, then its content as a commentary preamble, then
+  the calls; without calls its content is a final answer. `reasoning_content` and `reasoning` are both read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from parsers.conversation import (
+    AssistantMessage,
+    Instructions,
+    Item,
+    Prompt,
+    Reasoning,
+    ResponseFormat,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from proxy.chat.schema import CHAT_REQUEST, MESSAGES, NEUTRAL, UNSUPPORTED
+from proxy.engines.base import OutputConstraint
+from proxy.errors import invalid_request
+from proxy.options import GenerationOptions, reasoning_effort
+from proxy.validation import check, compile_schema
+from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice, check_unique, make_tool
+
+_REQUEST = compile_schema(CHAT_REQUEST)
+_MESSAGE = {role: compile_schema(schema) for role, schema in MESSAGES.items()}
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    prompt: Prompt
+    options: GenerationOptions
+    constraint: OutputConstraint
+    stream: bool
+    include_usage: bool
+    parallel_tool_calls: bool
+
+
+def parse_chat_request(body: dict[str, Any], default_effort: str) -> ChatRequest:
+    for name, reason in UNSUPPORTED.items():
+        if body.get(name) is not None:
+            raise invalid_request(f"`{name}` is not supported: {reason}.", param=name, code="unsupported_parameter")
+    check(body, _REQUEST)
+    for position, message in enumerate(body["messages"]):
+        check(message, _MESSAGE[message["role"]], f"messages[{position}]")
+    for name, (neutral, reason) in NEUTRAL.items():
+        if body.get(name) not in (None, neutral):
+            raise invalid_request(f"`{name}` is not supported: {reason}.", param=name, code="unsupported_parameter")
+    if body.get("logit_bias"):
+        raise invalid_request("`logit_bias` is not supported.", param="logit_bias", code="unsupported_parameter")
+    if (body.get("n") or 1) > 1:
+        raise invalid_request("Only n=1 is supported.", param="n", code="unsupported_parameter")
+
+    try:
+        tools = [
+            make_tool(t["function"]["name"], t["function"].get("description"), t["function"].get("parameters"),
+                      t["function"].get("strict"), f"tools[{i}].function")
+            for i, t in enumerate(body.get("tools") or [])
+        ]
+        check_unique(tools, "tools")
+        choice = _tool_choice(body.get("tool_choice"), tools)
+        check_choice(choice, tools, "tool_choice")
+        items = _items(body["messages"])
+    except ToolError as exc:
+        raise invalid_request(str(exc), param=exc.param) from None
+
+    response_format = _response_format(body.get("response_format"))
+    offered = [] if choice.mode == "none" else tools
+    effort = reasoning_effort(
+        default_effort,
+        ("reasoning_effort", body.get("reasoning_effort")),
+        ("chat_template_kwargs.reasoning_effort", (body.get("chat_template_kwargs") or {}).get("reasoning_effort")),
+        ("chat_template_args.reasoning_effort", (body.get("chat_template_args") or {}).get("reasoning_effort")),
+    )
+    stop = body.get("stop")
+    return ChatRequest(
+        model=body["model"],
+        prompt=Prompt(items, offered, effort, response_format),
+        options=GenerationOptions(
+            max_tokens=_max_tokens(body),
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            seed=body.get("seed"),
+            min_tokens=body.get("min_tokens") or 0,
+            ignore_eos=bool(body.get("ignore_eos")),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+        ),
+        constraint=OutputConstraint(tuple(offered), choice, response_format),
+        stream=bool(body.get("stream")),
+        include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
+    )
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    legacy, current = body.get("max_tokens"), body.get("max_completion_tokens")
+    if legacy is not None and current is not None and legacy != current:
+        raise invalid_request(
+            "`max_tokens` and `max_completion_tokens` differ; send one of them.", param="max_completion_tokens"
+        )
+    return current if current is not None else legacy
+
+
+def _tool_choice(value: Any, tools: list[FunctionTool]) -> ToolChoice:
+    if value is None:
+        return ToolChoice("auto")
+    if isinstance(value, str):
+        return ToolChoice(value)
+    return ToolChoice("function", value["function"]["name"])
+
+
+def _response_format(value: Any) -> ResponseFormat | None:
+    if value is None or value["type"] == "text":
+        return None
+    if value["type"] == "json_object":
+        return ResponseFormat("json_object", {"type": "object"}, "Respond with a JSON object.")
+    spec = value.get("json_schema")
+    if spec is None:
+        raise invalid_request("`response_format.json_schema` is required for type json_schema.",
+                              param="response_format.json_schema")
+    return ResponseFormat(spec["name"], spec.get("schema") or {}, spec.get("description", ""))
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.get("text") or part.get("refusal") or "" for part in content)
+
+
+def _items(messages: list[dict[str, Any]]) -> list[Item]:
+    items: list[Item] = []
+    call_names: dict[str, str] = {}
+    for position, message in enumerate(messages):
+        role = message["role"]
+        if role in ("system", "developer"):
+            items.append(Instructions(_text(message["content"])))
+        elif role == "user":
+            items.append(UserMessage(_user_text(message["content"], position)))
+        elif role == "assistant":
+            items.extend(_assistant_items(message, position, call_names))
+        else:  # tool
+            call_id = message["tool_call_id"]
+            if call_id not in call_names:
+                raise invalid_request(
+                    f"messages[{position}].tool_call_id {call_id!r} does not match a tool call of an earlier "
+                    "assistant message.",
+                    param=f"messages[{position}].tool_call_id",
+                )
+            items.append(ToolResult(call_id, call_names[call_id], _text(message["content"])))
+    return items
+
+
+def _user_text(content: Any, position: int) -> str:
+    if isinstance(content, list):
+        for index, part in enumerate(content):
+            if part["type"] != "text" or not isinstance(part.get("text"), str):
+                raise invalid_request(
+                    f"Content part type {part['type']!r} is not supported: gpt-oss takes text only.",
+                    param=f"messages[{position}].content[{index}]",
+                    code="unsupported_content",
+                )
+    return _text(content)
+
+
+def _assistant_items(message: dict[str, Any], position: int, call_names: dict[str, str]) -> list[Item]:
+    where = f"messages[{position}]"
+    reasoning_content, reasoning = message.get("reasoning_content"), message.get("reasoning")
+    if reasoning_content and reasoning and reasoning_content != reasoning:
+        raise invalid_request(
+            f"{where} has both `reasoning_content` and `reasoning`, and they differ; send one.",
+            param=f"{where}.reasoning",
+        )
+    calls = message.get("tool_calls") or []
+    text = "\n\n".join(part for part in (_text(message.get("content")), message.get("refusal") or "") if part)
+    items: list[Item] = []
+    if reasoning_content or reasoning:
+        items.append(Reasoning(reasoning_content or reasoning))
+    if text:
+        items.append(AssistantMessage(text, preamble=bool(calls)))
+    for index, call in enumerate(calls):
+        name = call["function"]["name"]
+        make_tool(name, None, None, None, f"{where}.tool_calls[{index}].function")  # a name we can write back
+        call_names[call["id"]] = name
+        items.append(ToolCall(call["id"], name, call["function"]["arguments"]))
+    return items

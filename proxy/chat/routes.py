@@ -1,0 +1,146 @@
+"""`POST /v1/chat/completions` and `POST /tokenize`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncGenerator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from parsers.events import Event
+from proxy.chat.request import ChatRequest, parse_chat_request
+from proxy.chat.response import ChatTurn, ChunkWriter, usage_body
+from proxy.disconnect import ClientDisconnected, close_shielded, unless_disconnected
+from proxy.engines.base import EngineError
+from proxy.errors import APIError
+from proxy.generation import Outcome, parsed_events
+from proxy.ids import new_id
+from proxy.options import generation_request
+from proxy.sse import DONE, data_frame, event_stream
+from proxy.state import ServerState
+from proxy.validation import read_json_object
+
+
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.harmony
+    chat = parse_chat_request(await read_json_object(request), state.config.default_reasoning_effort)
+    state.check_model(chat.model)
+    state.require_ready()
+    completion_id = new_id("chatcmpl-", 29)
+    engine_request = generation_request(
+        completion_id,
+        state.renderer.render(chat.prompt),
+        chat.options,
+        chat.constraint,
+        state.vocab,
+        state.config.max_model_len,
+    )
+    outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
+    events = parsed_events(state.engine, engine_request, state.vocab, outcome)
+    turn = ChatTurn(
+        state.config.reasoning_field, chat.parallel_tool_calls, chat.options.stop, lambda: new_id("call_")
+    )
+    try:
+        # Wait for the engine's first step before answering, so a request the engine refuses is an HTTP error.
+        first = await unless_disconnected(request, anext(events))
+        if chat.stream:
+            writer = ChunkWriter(completion_id, int(time.time()), chat.model, chat.include_usage)
+            return event_stream(_frames(first, events, turn, outcome, writer, chat))
+        turn.add(first)
+        await unless_disconnected(request, _fold(events, turn))
+    except ClientDisconnected:
+        await close_shielded(events)
+        return Response(status_code=499)
+    except EngineError as exc:
+        await close_shielded(events)
+        raise _engine_error(exc) from None
+    except BaseException:
+        await close_shielded(events)
+        raise
+    await close_shielded(events)  # a stop string may have ended the turn: stop the engine too
+    turn.close()
+    failure = _failure(outcome, turn)
+    if failure is not None:
+        raise failure
+    return JSONResponse(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": chat.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": turn.message(),
+                    "logprobs": None,
+                    "finish_reason": turn.finish_reason(outcome.finish_reason),
+                }
+            ],
+            "usage": usage_body(outcome.usage, outcome.reasoning_tokens),
+        }
+    )
+
+
+async def tokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.harmony
+    chat = parse_chat_request(await read_json_object(request), state.config.default_reasoning_effort)
+    state.check_model(chat.model)
+    tokens = state.renderer.render(chat.prompt)
+    return JSONResponse({"tokens": tokens, "count": len(tokens), "prompt": state.vocab.decode(tokens)})
+
+
+async def _fold(events: AsyncGenerator[list[Event], None], turn: ChatTurn) -> None:
+    async for batch in events:
+        turn.add(batch)
+        if turn.stopped:
+            return
+
+
+async def _frames(
+    first: list[Event],
+    events: AsyncGenerator[list[Event], None],
+    turn: ChatTurn,
+    outcome: Outcome,
+    writer: ChunkWriter,
+    chat: ChatRequest,
+) -> AsyncGenerator[bytes, None]:
+    try:
+        yield data_frame(writer.delta({"role": "assistant", "content": ""}))
+        for delta in turn.add(first):
+            yield data_frame(writer.delta(delta))
+        if not turn.stopped:
+            async for batch in events:
+                for delta in turn.add(batch):
+                    yield data_frame(writer.delta(delta))
+                if turn.stopped:
+                    break
+        for delta in turn.close():
+            yield data_frame(writer.delta(delta))
+        failure = _failure(outcome, turn)
+        if failure is not None:
+            yield data_frame(json.dumps(failure.body()))
+        else:
+            yield data_frame(writer.finish(turn.finish_reason(outcome.finish_reason)))
+            if chat.include_usage:
+                yield data_frame(writer.usage(usage_body(outcome.usage, outcome.reasoning_tokens)))
+    except EngineError as exc:
+        # Headers are sent: the error goes in the stream, where the openai SDK and LiteLLM raise it.
+        yield data_frame(json.dumps(_engine_error(exc).body()))
+    finally:
+        await close_shielded(events)
+    yield DONE
+
+
+def _failure(outcome: Outcome, turn: ChatTurn) -> APIError | None:
+    """An engine that cancelled or failed the request (not a stop string) fails the completion."""
+    if turn.stopped or outcome.finish_reason not in ("cancelled", "error"):
+        return None
+    if outcome.finish_reason == "cancelled":
+        return APIError(503, "The engine cancelled the request before it finished.", code="engine_cancelled")
+    return APIError(500, "The engine failed while generating.", type="server_error", code="engine_error")
+
+
+def _engine_error(exc: EngineError) -> APIError:
+    return APIError(exc.status, exc.message, code=exc.code)
+

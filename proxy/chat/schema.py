@@ -1,0 +1,215 @@
+"""The JSON Schema of the Chat Completions requests we accept.
+
+Every field OpenAI documents is either here (and honoured, or harmless to accept), or in UNSUPPORTED with the
+reason it is refused. Anything else is "Unrecognized request argument supplied", as OpenAI answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EFFORT = {"enum": ["low", "medium", "high", None]}
+_NULLABLE_BOOL = {"type": ["boolean", "null"]}
+_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "additionalProperties": False,
+}
+_TEXT_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}
+_ANY_PART = {"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}}
+_TOOL_CALL = {
+    "type": "object",
+    "required": ["id", "type", "function"],
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name", "arguments"],
+            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+def _message(role: str, required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["role", *required],
+        "properties": {"role": {"const": role}, **properties},
+        "additionalProperties": False,
+    }
+
+
+MESSAGES = {
+    "system": _message("system", ["content"], {"content": _TEXT_CONTENT, "name": {"type": "string"}}),
+    "developer": _message("developer", ["content"], {"content": _TEXT_CONTENT, "name": {"type": "string"}}),
+    "user": _message(
+        "user",
+        ["content"],
+        {
+            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _ANY_PART}]},
+            "name": {"type": "string"},
+        },
+    ),
+    "assistant": _message(
+        "assistant",
+        [],
+        {
+            "content": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "null"},
+                    {"type": "array", "items": {**_ANY_PART, "properties": {"type": {"enum": ["text", "refusal"]}}}},
+                ]
+            },
+            "name": {"type": "string"},
+            "refusal": {"type": ["string", "null"]},
+            "tool_calls": {"type": ["array", "null"], "items": _TOOL_CALL},
+            "reasoning_content": {"type": ["string", "null"]},
+            "reasoning": {"type": ["string", "null"]},
+        },
+    ),
+    "tool": _message("tool", ["content", "tool_call_id"], {"content": _TEXT_CONTENT, "tool_call_id": {"type": "string"}}),
+}
+
+_TOOL = {
+    "type": "object",
+    "required": ["type", "function"],
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "description": {"type": ["string", "null"]},
+                "parameters": {"type": ["object", "null"]},
+                "strict": {"type": ["boolean", "null"]},
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+
+_RESPONSE_FORMAT = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "type": {"enum": ["text", "json_object", "json_schema"]},
+        "json_schema": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "description": {"type": "string"},
+                "schema": {"type": "object"},
+                "strict": {"type": ["boolean", "null"]},
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+
+_TEMPLATE_ARGS = {"type": ["object", "null"], "properties": {"reasoning_effort": EFFORT}, "additionalProperties": False}
+
+CHAT_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {
+        "model": {"type": "string"},
+        "messages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {"role": {"enum": sorted(MESSAGES)}},
+            },
+        },
+        "stream": _NULLABLE_BOOL,
+        "stream_options": {
+            "type": ["object", "null"],
+            "properties": {"include_usage": {"type": "boolean"}, "include_obfuscation": {"type": "boolean"}},
+            "additionalProperties": False,
+        },
+        "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+        "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+        "seed": {"type": ["integer", "null"]},
+        "stop": {
+            "anyOf": [
+                {"type": "null"},
+                {"type": "string", "minLength": 1},
+                {"type": "array", "items": {"type": "string", "minLength": 1}},
+            ]
+        },
+        "n": {"type": ["integer", "null"], "minimum": 1},
+        "ignore_eos": _NULLABLE_BOOL,
+        "min_tokens": {"type": ["integer", "null"], "minimum": 0},
+        "tools": {"type": ["array", "null"], "items": _TOOL},
+        "tool_choice": {
+            "anyOf": [
+                {"enum": ["none", "auto", "required"]},
+                {
+                    "type": "object",
+                    "required": ["type", "function"],
+                    "properties": {
+                        "type": {"const": "function"},
+                        "function": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {"name": {"type": "string"}},
+                            "additionalProperties": False,
+                        },
+                    },
+                    "additionalProperties": False,
+                },
+            ]
+        },
+        "parallel_tool_calls": _NULLABLE_BOOL,
+        "reasoning_effort": EFFORT,
+        "chat_template_kwargs": _TEMPLATE_ARGS,
+        "chat_template_args": _TEMPLATE_ARGS,
+        "response_format": {"anyOf": [{"type": "null"}, _RESPONSE_FORMAT]},
+        # Accepted and harmless: they describe the caller or ask for OpenAI-side features with no effect here.
+        "user": {"type": ["string", "null"]},
+        "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+        "store": _NULLABLE_BOOL,
+        "service_tier": {"type": ["string", "null"]},
+        "safety_identifier": {"type": ["string", "null"]},
+        "prompt_cache_key": {"type": ["string", "null"]},
+        "modalities": {"type": ["array", "null"], "items": {"const": "text"}},
+        # Accepted only at their neutral values (checked in request.py).
+        "frequency_penalty": {"type": ["number", "null"]},
+        "presence_penalty": {"type": ["number", "null"]},
+        "logprobs": _NULLABLE_BOOL,
+        "top_logprobs": {"type": ["integer", "null"]},
+        "logit_bias": {"type": ["object", "null"]},
+    },
+    "additionalProperties": False,
+}
+
+# Fields OpenAI documents that this server cannot honour: a 400 that says why, never a silent drop.
+UNSUPPORTED = {
+    "audio": "gpt-oss produces text only",
+    "prediction": "predicted outputs are not supported",
+    "functions": "use `tools` instead of the deprecated `functions`",
+    "function_call": "use `tool_choice` instead of the deprecated `function_call`",
+    "web_search_options": "built-in web search is not offered; declare a function tool instead",
+    "verbosity": "gpt-oss has no verbosity control",
+}
+
+# Neutral values of fields we accept but cannot vary.
+NEUTRAL = {
+    "frequency_penalty": (0, "frequency penalties are not supported"),
+    "presence_penalty": (0, "presence penalties are not supported"),
+    "logprobs": (False, "log probabilities are not supported"),
+    "top_logprobs": (0, "log probabilities are not supported"),
+}

@@ -1,0 +1,16 @@
+"""Server settings that the request handlers read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+EFFORTS = ("low", "medium", "high")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    served_model_name: str = "openai/gpt-oss-20b"
+    reasoning_field: str = "reasoning_content"  # the one field reasoning is sent in; the other is never sent
+    default_reasoning_effort: str = "medium"
+    max_model_len: int = 131072  # gpt-oss context window: prompt plus output tokens

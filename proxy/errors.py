@@ -1,0 +1,89 @@
+"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with the right status.
+
+Every failure a client can see goes through here; an unexpected exception becomes a plain 500 whose body
+carries no stack trace (the log has it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+logger = logging.getLogger("harmony_proxy")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _default_type(status)
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def model_not_found(model: Any) -> APIError:
+    return APIError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+        type="invalid_request_error",
+    )
+
+
+def _default_type(status: int) -> str:
+    if status in _TYPES:
+        return _TYPES[status]
+    if status == 429:
+        return "rate_limit_error"
+    if status == 503:
+        return "service_unavailable_error"
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
+async def api_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def http_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"Unknown route {request.method} {request.url.path}."
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed for {request.url.path}."
+    else:
+        message = str(exc.detail)
+    return APIError(exc.status_code, message, headers=exc.headers).response()
+
+
+async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    logger.exception("unexpected error on %s %s", request.method, request.url.path)
+    return APIError(500, "The server had an error while processing your request.", type="server_error").response()

@@ -1,0 +1,64 @@
+"""Running one engine request through the output parser: engine steps in, item events out.
+
+Both APIs consume `parsed_events`, streaming or not, so a streamed answer and a non-streamed one come from the
+same events. Closing the iterator early closes the engine's stream, which cancels the engine request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+
+from parsers.events import Event
+from parsers.stream import OutputParser
+from parsers.vocab import Vocab
+from proxy.engines.base import Engine, FinishReason, GenerationRequest, Usage
+
+logger = logging.getLogger("harmony_proxy")
+
+
+@dataclass
+class Outcome:
+    """How far the generation got and how it ended; kept current step by step."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    cached_tokens: int | None = None
+    reasoning_tokens: int = 0
+    finish_reason: FinishReason | None = None  # None while running, or when the consumer stopped early
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+
+async def parsed_events(
+    engine: Engine, request: GenerationRequest, vocab: Vocab, outcome: Outcome
+) -> AsyncGenerator[list[Event], None]:
+    """Yield the events of each engine step, in order (a step may complete no event: an empty list)."""
+    parser = OutputParser(vocab)
+    steps = engine.generate(request)
+    try:
+        async for step in steps:
+            outcome.completion_tokens += len(step.token_ids)
+            events = parser.feed(step.token_ids)
+            if step.finish_reason is not None:
+                outcome.finish_reason = step.finish_reason
+                if step.usage is not None:
+                    outcome.completion_tokens = step.usage.completion_tokens
+                    outcome.cached_tokens = step.usage.cached_tokens
+                break
+            outcome.reasoning_tokens = parser.reasoning_tokens
+            yield events
+        else:
+            outcome.finish_reason = "stop"  # an engine that ends without saying why ended normally
+        events += parser.finish()
+        outcome.reasoning_tokens = parser.reasoning_tokens
+        yield events
+    finally:
+        if outcome.finish_reason is None:
+            logger.info(
+                "request %s: stopped after %d generated tokens", request.request_id, outcome.completion_tokens
+            )
+        await steps.aclose()

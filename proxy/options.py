@@ -1,0 +1,60 @@
+"""What every API asks of one generation, and how it becomes an engine request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from parsers.vocab import Vocab
+from proxy.engines.base import GenerationRequest, OutputConstraint, SamplingParams
+from proxy.errors import invalid_request
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_tokens: int | None = None  # None: up to the context window
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()  # stop strings, matched against the visible answer text
+
+
+def reasoning_effort(default: str, *sources: tuple[str, str | None]) -> str:
+    """The first effort given, in the order of `sources` (name, value); the server default otherwise."""
+    for _name, value in sources:
+        if value is not None:
+            return value
+    return default
+
+
+def generation_request(
+    request_id: str,
+    prompt_token_ids: list[int],
+    options: GenerationOptions,
+    constraint: OutputConstraint,
+    vocab: Vocab,
+    max_model_len: int,
+    max_tokens_param: str = "max_tokens",
+) -> GenerationRequest:
+    """Check the prompt and token budget against the context window; a 400 like OpenAI's if they do not fit."""
+    prompt_length = len(prompt_token_ids)
+    requested = options.max_tokens
+    if prompt_length >= max_model_len or (requested is not None and prompt_length + requested > max_model_len):
+        asked = f" and {requested} output tokens" if requested is not None else ""
+        raise invalid_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_length} prompt tokens{asked}. Please reduce the length of the messages or the output limit.",
+            param="messages" if requested is None or prompt_length >= max_model_len else max_tokens_param,
+            code="context_length_exceeded",
+        )
+    sampling = SamplingParams(
+        max_tokens=requested if requested is not None else max_model_len - prompt_length,
+        temperature=options.temperature,
+        top_p=options.top_p,
+        seed=options.seed,
+        stop_token_ids=vocab.stop_token_ids,
+        min_tokens=options.min_tokens,
+        ignore_eos=options.ignore_eos,
+    )
+    return GenerationRequest(request_id, prompt_token_ids, sampling, constraint)

@@ -1,0 +1,34 @@
+"""What request handlers share: settings, vocabulary, renderer and engine, held in explicit app state."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from parsers.render import Renderer
+from parsers.vocab import Vocab
+from proxy.config import ServerConfig
+from proxy.engines.base import Engine
+from proxy.errors import APIError, model_not_found
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    vocab: Vocab
+    engine: Engine
+    renderer: Renderer = field(init=False)
+    started_at: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.renderer = Renderer(self.vocab)
+
+    def check_model(self, model: object) -> None:
+        if model != self.config.served_model_name:
+            raise model_not_found(model)
+
+    def require_ready(self) -> None:
+        if not self.engine.ready:
+            raise APIError(
+                503, f"The {self.engine.name} engine is still starting; retry shortly.", headers={"Retry-After": "5"}
+            )

@@ -1,0 +1,46 @@
+"""`GET /v1/models`, `GET /v1/models/{model}` and `GET /health`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from proxy.engines.base import EngineError
+from proxy.errors import APIError
+from proxy.state import ServerState
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.config.served_model_name,
+        "object": "model",
+        "created": state.started_at,
+        "owned_by": "openai",
+        "max_model_len": state.config.max_model_len,
+    }
+
+
+async def list_models(request: Request) -> Response:
+    state: ServerState = request.app.state.harmony
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    state: ServerState = request.app.state.harmony
+    state.check_model(request.path_params["model"])
+    return JSONResponse(_model_card(state))
+
+
+async def health(request: Request) -> Response:
+    """200 once the engine can serve; 503 with the reason before that, or while it cannot."""
+    state: ServerState = request.app.state.harmony
+    engine = state.engine
+    if not engine.ready:
+        raise APIError(503, f"The {engine.name} engine is starting.", code="engine_starting")
+    try:
+        await engine.check_health()
+    except EngineError as exc:
+        raise APIError(503, exc.message, code=exc.code or "engine_unavailable") from None
+    return JSONResponse({"status": "ok", "engine": engine.name, "model": state.config.served_model_name})
