@@ -52,6 +52,7 @@ def parse_chat_request(body: dict[str, Any], default_effort: str) -> ChatRequest
     for name, reason in UNSUPPORTED.items():
         if body.get(name) is not None:
             raise invalid_request(f"`{name}` is not supported: {reason}.", param=name, code="unsupported_parameter")
+    _check_tool_types(body.get("tools"))
     check(body, _REQUEST)
     for position, message in enumerate(body["messages"]):
         check(message, _MESSAGE[message["role"]], f"messages[{position}]")
@@ -102,6 +103,19 @@ def parse_chat_request(body: dict[str, Any], default_effort: str) -> ChatRequest
         include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
         parallel_tool_calls=body.get("parallel_tool_calls") is not False,
     )
+
+
+def _check_tool_types(tools: Any) -> None:
+    if not isinstance(tools, list):
+        return  # the schema reports it
+    for position, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise invalid_request(
+                f"Tool type {kind!r} is not supported: declare function tools only.",
+                param=f"tools[{position}].type",
+                code="invalid_value",
+            )
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:

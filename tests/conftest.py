@@ -1,0 +1,93 @@
+"""Shared test fixtures: the vocabulary (loaded once) and real servers on loopback ports."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from parsers.vocab import Vocab, load_vocab
+from proxy.app import create_app
+from proxy.config import ServerConfig
+from proxy.engines.base import Engine
+from proxy.engines.mock import mock_engine
+from proxy.engines.scripted import scripted_engine
+from proxy.state import ServerState
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+MODEL = "openai/gpt-oss-20b"
+
+
+@pytest.fixture(scope="session")
+def vocab() -> Vocab:
+    return load_vocab()
+
+
+@pytest.fixture(scope="session")
+def recorded() -> list[dict[str, Any]]:
+    return json.loads((FIXTURES / "completions.json").read_text(encoding="utf-8"))
+
+
+class LiveServer:
+    """The real application under uvicorn, in a thread, on a free loopback port."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.engine = state.engine
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", 0))
+        self.port = self._socket.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_app(state), log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+
+    def start(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=20)
+        self._socket.close()
+
+
+@pytest.fixture
+def serve(vocab: Vocab) -> Iterator[Callable[..., LiveServer]]:
+    """serve(engine=None, completions=None, token_delay=0, **config) -> a started LiveServer.
+
+    `completions` (a list of Harmony texts) selects the scripted engine; otherwise the mock engine runs.
+    """
+    servers: list[LiveServer] = []
+
+    def start(
+        engine: Engine | None = None,
+        completions: list[str] | None = None,
+        token_delay: float = 0.0,
+        **config: Any,
+    ) -> LiveServer:
+        if engine is None:
+            if completions is not None:
+                engine = scripted_engine(vocab, completions, token_delay)
+            else:
+                engine = mock_engine(vocab, token_delay)
+        server = LiveServer(ServerState(ServerConfig(**config), vocab, engine)).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
