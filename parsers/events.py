@@ -1,7 +1,11 @@
-"""What the output parser reports: items start, grow by text deltas, and end.
+"""What the output parser reports: items start, grow by text, and end.
 
 An item is one Harmony message the client should see: reasoning (analysis), a message (final answer or a
 commentary preamble) or a function tool call. Indexes count emitted items from 0 in order.
+
+Items never overlap: one starts only after the previous one is done. So a text delta needs no index, and is
+simply a `str` that belongs to the item started last. That keeps the hot path free of allocations: the text of
+most tokens is a string the vocabulary table already holds.
 """
 
 from __future__ import annotations
@@ -35,21 +39,6 @@ class ItemStarted:
         )
 
 
-class ItemDelta:
-    # A plain slotted class: one is made per streamed step, and a dataclass costs twice as much to build.
-    __slots__ = ("index", "text")
-
-    def __init__(self, index: int, text: str) -> None:
-        self.index = index
-        self.text = text
-
-    def __repr__(self) -> str:
-        return f"ItemDelta({self.index}, {self.text!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ItemDelta) and (self.index, self.text) == (other.index, other.text)
-
-
 class ItemDone:
     __slots__ = ("index", "complete", "token_count")
 
@@ -69,4 +58,4 @@ class ItemDone:
         )
 
 
-Event = ItemStarted | ItemDelta | ItemDone
+Event = ItemStarted | str | ItemDone  # a str is text of the item started last

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from parsers.events import Event, ItemDelta, ItemDone, ItemKind, ItemStarted
+from parsers.events import Event, ItemDone, ItemKind, ItemStarted
 
 
 @dataclass
@@ -30,8 +30,8 @@ class ItemCollector:
 
     def add(self, events: Iterable[Event]) -> None:
         for event in events:
-            if isinstance(event, ItemDelta):
-                self.items[event.index].pieces.append(event.text)
+            if type(event) is str:
+                self.items[-1].pieces.append(event)
             elif isinstance(event, ItemStarted):
                 self.items.append(OutputItem(event.kind, event.name))
             elif isinstance(event, ItemDone):

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import codecs
 import enum
-from collections.abc import Iterable
+from collections.abc import Sequence
 
-from parsers.events import Event, ItemDelta, ItemDone, ItemKind, ItemStarted
+from parsers.events import Event, ItemDone, ItemKind, ItemStarted
 from parsers.header import Header, Marker, could_start_header, parse_header
 from parsers.vocab import Vocab
 
@@ -65,10 +65,20 @@ class OutputParser:
         self._next_index = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._pending = False  # the decoder holds the first bytes of a character
+        self._plain_body = False  # in a body with no half character pending: the single-token fast path
         self.reasoning_tokens = 0
 
-    def feed(self, tokens: Iterable[int]) -> list[Event]:
+    def feed(self, tokens: Sequence[int]) -> list[Event]:
         """Parse newly generated tokens; return the events they complete."""
+        if self._plain_body and len(tokens) == 1:
+            # The commonest step of all: one whole-character text token inside a body (engines stream one
+            # token per step unless stream_interval > 1). Everything else takes the general loop.
+            token = tokens[0]
+            if token < self._text_token_count:
+                piece = self._token_text[token]
+                if piece is not None:
+                    self._item_tokens += 1
+                    return [piece] if piece else []
         events: list[Event] = []
         run: list[str] = []  # body text of the open item in this call, one piece per token
         token_text, text_token_count = self._token_text, self._text_token_count
@@ -91,6 +101,7 @@ class OutputParser:
             in_body, pending = self._mode is _Mode.BODY, self._pending
         if run:
             self._flush(run, events)
+        self._plain_body = self._mode is _Mode.BODY and not self._pending
         return events
 
     def finish(self) -> list[Event]:
@@ -101,6 +112,7 @@ class OutputParser:
         elif self._mode is _Mode.PREFIX:
             self._settle_prefix(complete=False, events=events)
         self._reset_header(_Mode.PREFIX)
+        self._plain_body = False
         return events
 
     # -- text outside a body -------------------------------------------------------------------------
@@ -125,7 +137,7 @@ class OutputParser:
             text = self._decoder.decode(bytes(held))
             self._pending = bool(self._decoder.getstate()[0])
             if text:
-                events.append(ItemDelta(self._item, text))
+                events.append(text)
 
     # -- special tokens ------------------------------------------------------------------------------
 
@@ -164,7 +176,9 @@ class OutputParser:
             return
         self._open(ItemKind.FINAL, None, events)
         self._item_tokens = self._prefix_tokens
-        events.append(ItemDelta(self._item, self._decoder.decode(held, True)))
+        text = self._decoder.decode(held, True)
+        if text:
+            events.append(text)
         self._close(complete, events)
 
     def _begin_body(self, events: list[Event]) -> None:
@@ -189,7 +203,7 @@ class OutputParser:
         self._item_tokens += len(run)
         text = "".join(run)
         if text:
-            events.append(ItemDelta(self._item, text))
+            events.append(text)
 
     def _decode_partial(self, token: int) -> str:
         piece = self._decoder.decode(self._token_bytes[token])
@@ -200,7 +214,7 @@ class OutputParser:
         if self._pending:
             tail = self._decoder.decode(b"", True)  # a character cut in half becomes U+FFFD
             if tail:
-                events.append(ItemDelta(self._item, tail))
+                events.append(tail)
             self._pending = False
         events.append(ItemDone(self._item, complete, self._item_tokens))
         if self._kind is ItemKind.REASONING:

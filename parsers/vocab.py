@@ -71,7 +71,7 @@ class Vocab:
             call=special("<|call|>"),
         )
         # Generation ends on <|return|> (final answer) and <|call|> (tool call).
-        self.stop_token_ids: tuple[int, ...] = tuple(encoding.stop_tokens_for_assistant_actions())
+        self.stop_token_ids: tuple[int, ...] = tuple(sorted(encoding.stop_tokens_for_assistant_actions()))
 
     def encode(self, text: str) -> list[int]:
         """Encode text that must stay text: special-token spellings in it become ordinary tokens."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from parsers.events import ItemDelta, ItemDone, ItemKind, ItemStarted
+from parsers.events import ItemDone, ItemKind, ItemStarted
 from parsers.items import ItemCollector
 from parsers.stream import OutputParser
 from parsers.vocab import Vocab
@@ -191,10 +191,10 @@ def test_events_report_indexes_kinds_and_token_counts(vocab: Vocab) -> None:
     reasoning_tokens = len(vocab.encode("one two"))
     assert events == [
         ItemStarted(0, ItemKind.REASONING),
-        ItemDelta(0, "one two"),
+        "one two",
         ItemDone(0, True, reasoning_tokens),
         ItemStarted(1, ItemKind.TOOL_CALL, "get_weather"),
-        ItemDelta(1, '{"city":"SF"}'),
+        '{"city":"SF"}',
         ItemDone(1, True, len(vocab.encode('{"city":"SF"}'))),
     ]
     assert parser.reasoning_tokens == reasoning_tokens

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from parsers.events import Event, ItemDelta, ItemKind, ItemStarted
+from parsers.events import Event, ItemKind, ItemStarted
 from proxy.engines.base import FinishReason, Usage
 from proxy.stop_strings import StopMatcher
 
@@ -40,8 +40,8 @@ class ChatTurn:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: list[_Call] = []
-        # item index -> where its text goes: "content", "reasoning", a _Call, or None (ignored)
-        self._targets: list[Any] = []
+        # where the open item's text goes: "content", "reasoning", a _Call, or None (ignored)
+        self._target: Any = None
         self._separate = {"content": False, "reasoning": False}  # a new message starts after earlier text
 
     @property
@@ -55,13 +55,13 @@ class ChatTurn:
         for event in events:
             if self._stop.hit:
                 break
-            if isinstance(event, ItemDelta):
-                target = self._targets[event.index]
+            if type(event) is str:
+                target = self._target
                 if isinstance(target, _Call):
-                    target.pieces.append(event.text)
-                    deltas.append({"tool_calls": [{"index": target.index, "function": {"arguments": event.text}}]})
+                    target.pieces.append(event)
+                    deltas.append({"tool_calls": [{"index": target.index, "function": {"arguments": event}}]})
                 elif target is not None:
-                    self._text(target, event.text, deltas)
+                    self._text(target, event, deltas)
             elif isinstance(event, ItemStarted):
                 deltas.extend(self._start(event))
         return deltas
@@ -98,15 +98,15 @@ class ChatTurn:
     def _start(self, event: ItemStarted) -> list[dict[str, Any]]:
         if event.kind is ItemKind.TOOL_CALL:
             if self._calls and not self._parallel:
-                self._targets.append(None)
+                self._target = None
                 return []
             call = _Call(len(self._calls), self._new_call_id(), event.name or "")
             self._calls.append(call)
-            self._targets.append(call)
+            self._target = call
             announce = {"index": call.index, "id": call.id, "type": "function"}
             return [{"tool_calls": [{**announce, "function": {"name": call.name, "arguments": ""}}]}]
         field = "reasoning" if event.kind is ItemKind.REASONING else "content"
-        self._targets.append(field)
+        self._target = field
         if self._content if field == "content" else self._reasoning:
             self._separate[field] = True
         return []

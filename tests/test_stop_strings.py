@@ -1,0 +1,45 @@
+"""Stop strings over streamed answer text: the same cut for any split, nothing shown that is then taken back."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.stop_strings import StopMatcher
+
+
+def run(stops: tuple[str, ...], pieces: list[str]) -> tuple[str, bool]:
+    matcher = StopMatcher(stops)
+    shown = "".join(matcher.feed(piece) for piece in pieces)
+    if not matcher.hit:
+        shown += matcher.flush()
+    return shown, matcher.hit
+
+
+def test_text_before_the_stop_string_is_kept() -> None:
+    assert run(("END",), ["one two E", "N", "D three"]) == ("one two ", True)
+    assert run(("END", "two"), ["one two END"]) == ("one ", True)
+    assert run(("END",), ["no stop here"]) == ("no stop here", False)
+    assert run((), ["anything END"]) == ("anything END", False)
+
+
+def test_a_possible_start_of_a_stop_string_is_held_back_then_released() -> None:
+    matcher = StopMatcher(("STOP",))
+    assert matcher.feed("go ST") == "go "
+    assert matcher.feed("ill") == "STill"
+    assert matcher.feed("ST") == ""
+    assert matcher.flush() == "ST"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.text(alphabet="abcEND \n", max_size=60),
+    stops=st.lists(st.text(alphabet="abcEND", min_size=1, max_size=4), min_size=1, max_size=3),
+    cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=8),
+)
+def test_any_split_gives_what_one_piece_gives(text: str, stops: list[str], cuts: list[int]) -> None:
+    points = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
+    pieces = [text[a:b] for a, b in zip(points, points[1:])]
+    expected_cut = min((text.find(s) for s in stops if s in text), default=-1)
+    expected = (text[:expected_cut], True) if expected_cut >= 0 else (text, False)
+    assert run(tuple(stops), pieces) == expected
