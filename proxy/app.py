@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from proxy.chat.routes import chat_completions, tokenize
+from proxy.completions import completions
 from proxy.errors import APIError, api_error_handler, http_error_handler, unexpected_error_handler
 from proxy.state import ServerState
 from proxy.status import health, list_models, retrieve_model
@@ -19,11 +20,15 @@ from proxy.status import health, list_models, retrieve_model
 logger = logging.getLogger("harmony_proxy")
 
 
-def create_app(state: ServerState) -> Starlette:
+def create_app(
+    state: ServerState, on_engine_failure: Callable[[BaseException], None] | None = None
+) -> Starlette:
+    """The application; `on_engine_failure` is called if the engine cannot start (the CLI then exits)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The engine loads in the background: the server answers at once, /health says 503 until it is ready.
-        starting = asyncio.create_task(_start_engine(state))
+        starting = asyncio.create_task(_start_engine(state, on_engine_failure))
         try:
             yield
         finally:
@@ -35,6 +40,7 @@ def create_app(state: ServerState) -> Starlette:
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
@@ -51,10 +57,12 @@ def create_app(state: ServerState) -> Starlette:
     return app
 
 
-async def _start_engine(state: ServerState) -> None:
+async def _start_engine(state: ServerState, on_failure: Callable[[BaseException], None] | None) -> None:
     try:
         await state.engine.start()
-    except Exception:
-        logger.exception("the %s engine failed to start; /health stays 503", state.engine.name)
+    except Exception as exc:
+        logger.exception("the %s engine failed to start", state.engine.name)
+        if on_failure is not None:
+            on_failure(exc)
         return
     logger.info("the %s engine is ready, serving %s", state.engine.name, state.config.served_model_name)

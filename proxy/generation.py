@@ -1,11 +1,13 @@
-"""Running one engine request through the output parser: engine steps in, item events out.
+"""Running one engine request: its steps, tracked (`tracked_steps`), and parsed into item events (`parsed_events`).
 
-Both APIs consume `parsed_events`, streaming or not, so a streamed answer and a non-streamed one come from the
-same events. Closing the iterator early closes the engine's stream, which cancels the engine request.
+Both OpenAI APIs consume `parsed_events`, streaming or not, so a streamed answer and a non-streamed one come from
+the same events; raw `/v1/completions` uses `tracked_steps`. Closing either iterator early closes the engine's
+stream, which cancels the engine request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from parsers.events import Event
 from parsers.stream import OutputParser
 from parsers.vocab import Vocab
-from proxy.engines.base import Engine, FinishReason, GenerationRequest, Usage
+from proxy.engines.base import Engine, FinishReason, GenerationRequest, Step, Usage
 
 logger = logging.getLogger("harmony_proxy")
 
@@ -33,32 +35,37 @@ class Outcome:
         return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
 
-async def parsed_events(
-    engine: Engine, request: GenerationRequest, vocab: Vocab, outcome: Outcome
-) -> AsyncGenerator[list[Event], None]:
-    """Yield the events of each engine step, in order (a step may complete no event: an empty list)."""
-    parser = OutputParser(vocab)
+async def tracked_steps(engine: Engine, request: GenerationRequest, outcome: Outcome) -> AsyncGenerator[Step, None]:
+    """The engine's steps, with the outcome kept current; the last step yielded carries the finish reason."""
     steps = engine.generate(request)
     try:
         async for step in steps:
             outcome.completion_tokens += len(step.token_ids)
-            events = parser.feed(step.token_ids)
             if step.finish_reason is not None:
                 outcome.finish_reason = step.finish_reason
                 if step.usage is not None:
                     outcome.completion_tokens = step.usage.completion_tokens
                     outcome.cached_tokens = step.usage.cached_tokens
-                break
-            outcome.reasoning_tokens = parser.reasoning_tokens
-            yield events
-        else:
-            outcome.finish_reason = "stop"  # an engine that ends without saying why ended normally
-        events += parser.finish()
-        outcome.reasoning_tokens = parser.reasoning_tokens
-        yield events
+                yield step
+                return
+            yield step
+        outcome.finish_reason = "stop"  # an engine that ends without saying why ended normally
+        yield Step((), "stop")
     finally:
         if outcome.finish_reason is None:
-            logger.info(
-                "request %s: stopped after %d generated tokens", request.request_id, outcome.completion_tokens
-            )
+            logger.info("request %s: stopped after %d generated tokens", request.request_id, outcome.completion_tokens)
         await steps.aclose()
+
+
+async def parsed_events(
+    engine: Engine, request: GenerationRequest, vocab: Vocab, outcome: Outcome
+) -> AsyncGenerator[list[Event], None]:
+    """Yield the events of each engine step, in order (a step may complete no event: an empty list)."""
+    parser = OutputParser(vocab)
+    async with contextlib.aclosing(tracked_steps(engine, request, outcome)) as steps:
+        async for step in steps:
+            events = parser.feed(step.token_ids)
+            if step.finish_reason is not None:
+                events += parser.finish()
+            outcome.reasoning_tokens = parser.reasoning_tokens
+            yield events

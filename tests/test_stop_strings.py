@@ -19,6 +19,7 @@ def run(stops: tuple[str, ...], pieces: list[str]) -> tuple[str, bool]:
 def test_text_before_the_stop_string_is_kept() -> None:
     assert run(("END",), ["one two E", "N", "D three"]) == ("one two ", True)
     assert run(("END", "two"), ["one two END"]) == ("one ", True)
+    assert run(("E", "DED"), ["DED"]) == run(("E", "DED"), ["DE", "D"]) == ("D", True)  # "E" is complete first
     assert run(("END",), ["no stop here"]) == ("no stop here", False)
     assert run((), ["anything END"]) == ("anything END", False)
 
@@ -40,6 +41,11 @@ def test_a_possible_start_of_a_stop_string_is_held_back_then_released() -> None:
 def test_any_split_gives_what_one_piece_gives(text: str, stops: list[str], cuts: list[int]) -> None:
     points = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
     pieces = [text[a:b] for a, b in zip(points, points[1:])]
-    expected_cut = min((text.find(s) for s in stops if s in text), default=-1)
-    expected = (text[:expected_cut], True) if expected_cut >= 0 else (text, False)
+    # As text is generated character by character: the first stop string to be complete ends it.
+    expected = (text, False)
+    for end in range(1, len(text) + 1):
+        ending = [s for s in stops if text[:end].endswith(s)]
+        if ending:
+            expected = (text[: end - max(map(len, ending))], True)
+            break
     assert run(tuple(stops), pieces) == expected

@@ -1,0 +1,249 @@
+"""`POST /v1/completions`: raw, token-level completions on whatever engine is loaded, with no Harmony parsing.
+
+For benchmark clients (benchmark_serving, aiperf's completions endpoint), and so one harmony-proxy can be the
+upstream of another. vLLM's extensions are accepted: `prompt` as token ids, `return_token_ids`,
+`stop_token_ids`, `skip_special_tokens`, `include_stop_str_in_output`, `ignore_eos`, `min_tokens`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from parsers.detokenize import Detokenizer
+from proxy.disconnect import ClientDisconnected, close_shielded, unless_disconnected
+from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint, SamplingParams, Step
+from proxy.errors import APIError, invalid_request
+from proxy.generation import Outcome, tracked_steps
+from proxy.ids import new_id
+from proxy.sse import DONE, data_frame, event_stream
+from proxy.state import ServerState
+from proxy.stop_strings import StopMatcher
+from proxy.validation import check, compile_schema, read_json_object
+
+_NULLABLE_BOOL = {"type": ["boolean", "null"]}
+_REQUEST = compile_schema(
+    {
+        "type": "object",
+        "required": ["model", "prompt"],
+        "properties": {
+            "model": {"type": "string"},
+            "prompt": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                ]
+            },
+            "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+            "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+            "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+            "seed": {"type": ["integer", "null"]},
+            "stop": {"anyOf": [{"type": "null"}, {"type": "string", "minLength": 1},
+                               {"type": "array", "items": {"type": "string", "minLength": 1}}]},
+            "stream": _NULLABLE_BOOL,
+            "stream_options": {
+                "type": ["object", "null"],
+                "properties": {"include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}},
+                "additionalProperties": False,
+            },
+            "n": {"enum": [1, None]},
+            "best_of": {"enum": [1, None]},
+            "echo": {"enum": [False, None]},
+            "logprobs": {"enum": [0, None]},
+            "suffix": {"type": "null"},
+            "frequency_penalty": {"enum": [0, None]},
+            "presence_penalty": {"enum": [0, None]},
+            "logit_bias": {"type": ["object", "null"], "maxProperties": 0},
+            "user": {"type": ["string", "null"]},
+            "ignore_eos": _NULLABLE_BOOL,
+            "min_tokens": {"type": ["integer", "null"], "minimum": 0},
+            "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}},
+            "return_token_ids": _NULLABLE_BOOL,
+            "skip_special_tokens": _NULLABLE_BOOL,
+            "spaces_between_special_tokens": _NULLABLE_BOOL,  # no effect: tokens decode without added spaces
+            "include_stop_str_in_output": _NULLABLE_BOOL,
+        },
+        "additionalProperties": False,
+    }
+)
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
+
+
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.harmony
+    body = await read_json_object(request)
+    if isinstance(body.get("prompt"), list) and body["prompt"] and not isinstance(body["prompt"][0], int):
+        raise invalid_request("Send one prompt per request: a string or a list of token ids.", param="prompt")
+    check(body, _REQUEST)
+    state.check_model(body["model"])
+    state.require_ready()
+    completion = _Completion(state, body)
+    outcome = Outcome(prompt_tokens=len(completion.engine_request.prompt_token_ids))
+    steps = tracked_steps(state.engine, completion.engine_request, outcome)
+    try:
+        first = await unless_disconnected(request, anext(steps))
+        if body.get("stream"):
+            return event_stream(_frames(first, steps, completion, outcome, body))
+        completion.add(first)
+        await unless_disconnected(request, _fold(steps, completion))
+    except ClientDisconnected:
+        await close_shielded(steps)
+        return Response(status_code=499)
+    except EngineError as exc:
+        await close_shielded(steps)
+        raise APIError(exc.status, exc.message, code=exc.code) from None
+    except BaseException:
+        await close_shielded(steps)
+        raise
+    await close_shielded(steps)
+    completion.close()
+    if outcome.finish_reason in ("cancelled", "error") and not completion.stopped:
+        raise APIError(503, "The engine did not finish the request.", code="engine_cancelled")
+    choice = {"index": 0, "text": completion.text, "logprobs": None, **completion.finish(outcome)}
+    if completion.return_token_ids:
+        choice["token_ids"] = completion.token_ids
+        choice["prompt_token_ids"] = completion.engine_request.prompt_token_ids
+    return JSONResponse({**completion.head, "choices": [choice], "usage": _usage(outcome)})
+
+
+class _Completion:
+    """The text and token ids of one raw completion, streamed or not."""
+
+    def __init__(self, state: ServerState, body: dict[str, Any]) -> None:
+        vocab = state.vocab
+        prompt = body["prompt"]
+        prompt_ids = vocab.encode_harmony(prompt) if isinstance(prompt, str) else list(prompt)
+        max_tokens = body.get("max_tokens") or DEFAULT_MAX_TOKENS
+        if len(prompt_ids) + max_tokens > state.config.max_model_len:
+            raise invalid_request(
+                f"This model's maximum context length is {state.config.max_model_len} tokens. However, you requested "
+                f"{len(prompt_ids)} prompt tokens and {max_tokens} output tokens.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        stop_ids = body.get("stop_token_ids")
+        sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            seed=body.get("seed"),
+            stop_token_ids=tuple(stop_ids) if stop_ids is not None else vocab.stop_token_ids,
+            min_tokens=body.get("min_tokens") or 0,
+            ignore_eos=bool(body.get("ignore_eos")),
+        )
+        self.engine_request = GenerationRequest(new_id("cmpl-", 29), prompt_ids, sampling, OutputConstraint())
+        self.head = {"id": self.engine_request.request_id, "object": "text_completion", "created": int(time.time()),
+                     "model": body["model"]}
+        self.return_token_ids = bool(body.get("return_token_ids"))
+        self._stop_ids = frozenset(sampling.stop_token_ids)
+        self._keep_stop = bool(body.get("include_stop_str_in_output"))
+        stop = body.get("stop")
+        self._stop_strings = StopMatcher((stop,) if isinstance(stop, str) else tuple(stop or ()))
+        self._detokenizer = Detokenizer(vocab, skip_special_tokens=body.get("skip_special_tokens") is not False)
+        self._pieces: list[str] = []
+        self.token_ids: list[int] = []
+        self.stop_reason: int | str | None = None
+        self._held_stop: int | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop_strings.hit
+
+    @property
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    def add(self, step: Step) -> tuple[str, list[int]]:
+        """Take one engine step; return the text and token ids to stream for it."""
+        if self.stopped:
+            return "", []
+        tokens = list(step.token_ids)
+        self.token_ids += tokens
+        # A stop token's text is held until we know whether it ended generation (then it is not shown).
+        shown = ([self._held_stop] if self._held_stop is not None else []) + tokens
+        self._held_stop = None
+        if shown and shown[-1] in self._stop_ids:
+            if step.finish_reason == "stop":
+                self.stop_reason = shown[-1]
+                if not self._keep_stop:
+                    shown = shown[:-1]  # it stays in token_ids, as vLLM returns it
+            elif step.finish_reason is None:
+                self._held_stop = shown.pop()
+        text = self._stop_strings.feed(self._detokenizer.feed(shown))
+        if self.stopped:
+            self.stop_reason = self._stop_strings.matched
+        self._pieces.append(text)
+        return text, tokens
+
+    def close(self) -> str:
+        if self.stopped:
+            return ""
+        tail = self._stop_strings.feed(self._detokenizer.flush()) + self._stop_strings.flush()
+        self._pieces.append(tail)
+        return tail
+
+    def finish(self, outcome: Outcome) -> dict[str, Any]:
+        reason = "stop" if self.stopped else ("length" if outcome.finish_reason == "length" else "stop")
+        return {"finish_reason": reason, "stop_reason": self.stop_reason}
+
+async def _fold(steps: AsyncGenerator[Step, None], completion: _Completion) -> None:
+    async for step in steps:
+        completion.add(step)
+        if completion.stopped:
+            return
+
+
+async def _frames(
+    first: Step, steps: AsyncGenerator[Step, None], completion: _Completion, outcome: Outcome, body: dict[str, Any]
+) -> AsyncGenerator[bytes, None]:
+    head = completion.head
+    options = body.get("stream_options") or {}
+
+    def chunk(text: str, tokens: list[int], finish: dict[str, Any] | None = None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
+        if finish:
+            choice.update(finish)
+        if completion.return_token_ids:
+            choice["token_ids"] = tokens
+        return data_frame(json.dumps({**head, "choices": [choice]}, ensure_ascii=False))
+
+    try:
+        text, tokens = completion.add(first)
+        if text or tokens:
+            yield chunk(text, tokens)
+        if not completion.stopped:
+            async for step in steps:
+                text, tokens = completion.add(step)
+                if text or tokens:
+                    yield chunk(text, tokens)
+                if completion.stopped:
+                    break
+        tail = completion.close()
+        if outcome.finish_reason in ("cancelled", "error") and not completion.stopped:
+            error = APIError(503, "The engine did not finish the request.", code="engine_cancelled")
+            yield data_frame(json.dumps(error.body()))
+        else:
+            yield chunk(tail, [], completion.finish(outcome))
+            if options.get("include_usage"):
+                yield data_frame(json.dumps({**head, "choices": [], "usage": _usage(outcome)}))
+    except EngineError as exc:
+        yield data_frame(json.dumps(APIError(exc.status, exc.message, code=exc.code).body()))
+    finally:
+        await close_shielded(steps)
+    yield DONE
+
+
+def _usage(outcome: Outcome) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
+    }
+    if outcome.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": outcome.cached_tokens}
+    return usage
