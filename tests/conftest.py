@@ -36,17 +36,17 @@ def recorded() -> list[dict[str, Any]]:
 
 
 class LiveServer:
-    """The real application under uvicorn, in a thread, on a free loopback port."""
+    """An ASGI application (ours, or a fake of another server) under uvicorn, in a thread, on a loopback port."""
 
-    def __init__(self, state: ServerState) -> None:
-        self.state = state
-        self.engine = state.engine
+    def __init__(self, app: Any, engine: Engine | None = None) -> None:
+        self.app = app
+        self.engine = engine
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(state), log_level="warning", lifespan="on")
+        config = uvicorn.Config(app, log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 
@@ -84,7 +84,23 @@ def serve(vocab: Vocab) -> Iterator[Callable[..., LiveServer]]:
                 engine = scripted_engine(vocab, completions, token_delay)
             else:
                 engine = mock_engine(vocab, token_delay)
-        server = LiveServer(ServerState(ServerConfig(**config), vocab, engine)).start()
+        app = create_app(ServerState(ServerConfig(**config), vocab, engine))
+        server = LiveServer(app, engine).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def serve_app() -> Iterator[Callable[[Any], LiveServer]]:
+    """serve_app(app) -> any ASGI application, started on a loopback port."""
+    servers: list[LiveServer] = []
+
+    def start(app: Any) -> LiveServer:
+        server = LiveServer(app).start()
         servers.append(server)
         return server
 

@@ -1,0 +1,293 @@
+"""The upstream engine: prompt token ids to the `/v1/completions` of an existing gpt-oss deployment.
+
+For users who outgrow one machine (a vLLM or trtllm-serve fleet, SGLang, NVIDIA Dynamo's disaggregated
+cluster, another harmony-proxy) while keeping our Harmony handling. We send the rendered prompt as token ids,
+streaming, with special tokens kept and the Harmony stop tokens included in the output, and read the
+generated token ids back. Servers ask for token ids differently, and trtllm-serve and Dynamo reject fields
+they do not know, so the request follows the upstream's flavor:
+
+- `vllm` (vLLM, SGLang, harmony-proxy): `return_token_ids`, ids in `choices[0].token_ids`;
+- `trtllm` (trtllm-serve): `detokenize: false`, ids in `choices[0].token_ids`;
+- `dynamo` (NVIDIA Dynamo): `nvext.extra_fields: ["completion_token_ids"]`, ids in `nvext.completion_token_ids`.
+
+When a chunk carries no ids, its text is encoded with every special token allowed: the text is the same, but
+token boundaries (and so per-token timing) can differ from what the model generated. Servers leave the final
+`<|return|>` out of the ids at times; it is put back from `finish_reason` and `stop_reason`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import httpx
+
+from parsers.vocab import Vocab
+from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
+
+logger = logging.getLogger("harmony_proxy.engine")
+
+FLAVORS: dict[str, dict[str, Any]] = {
+    "vllm": {"return_token_ids": True, "skip_special_tokens": False, "include_stop_str_in_output": True},
+    "trtllm": {"detokenize": False, "skip_special_tokens": False, "include_stop_str_in_output": True},
+    "dynamo": {
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+        "nvext": {"extra_fields": ["completion_token_ids"]},
+    },
+}
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "cancelled",
+    "cancelled": "cancelled",
+    "content_filter": "stop",
+    "timeout": "error",
+}
+_RETRY_STATUSES = (502, 503, 504)  # an upstream that is down or overloaded: try the next one
+
+
+class UpstreamEngine:
+    name = "upstream"
+
+    def __init__(
+        self,
+        vocab: Vocab,
+        urls: list[str],
+        model: str,
+        flavor: str = "vllm",
+        api_key: str | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 600.0,
+    ) -> None:
+        if not urls:
+            raise ValueError("the upstream engine needs at least one --upstream-url")
+        self._vocab = vocab
+        self._urls = [url.rstrip("/") for url in urls]
+        self._model = model
+        self._fields = FLAVORS[flavor]
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=read_timeout)
+        self._turns = itertools.cycle(range(len(self._urls)))
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._client is not None
+
+    async def start(self) -> None:
+        # One pooled client for every request: connections to the upstreams are reused.
+        self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    async def check_health(self) -> None:
+        problems = await asyncio.gather(*(self._probe(url) for url in self._urls))
+        if all(problems):
+            raise EngineError(
+                "No upstream is reachable: " + "; ".join(problems), status=503, code="upstream_unavailable"
+            )
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
+        response, url = await self._open(self._body(request))
+        try:
+            async for step in self._steps(response, url, request):
+                yield step
+        except httpx.HTTPError as exc:
+            raise EngineError(
+                f"The upstream {_public(url)} failed while streaming: {_describe(exc)}",
+                status=502,
+                code="upstream_error",
+            ) from exc
+        finally:
+            await response.aclose()  # closing the stream is how the upstream learns to abort the request
+
+    def _body(self, request: GenerationRequest) -> dict[str, Any]:
+        sampling = request.sampling
+        body: dict[str, Any] = {
+            "model": self._model,
+            "prompt": request.prompt_token_ids,
+            "max_tokens": sampling.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **self._fields,
+        }
+        if sampling.ignore_eos:
+            body["ignore_eos"] = True
+        else:
+            body["stop_token_ids"] = list(sampling.stop_token_ids)
+        for name in ("temperature", "top_p", "seed"):
+            if getattr(sampling, name) is not None:
+                body[name] = getattr(sampling, name)
+        if sampling.min_tokens:
+            body["min_tokens"] = sampling.min_tokens
+        return body
+
+    async def _open(self, body: dict[str, Any]) -> tuple[httpx.Response, str]:
+        """Send to the next upstream in turn; fail over to the others while nothing has been received."""
+        if self._client is None:
+            raise EngineError("The upstream engine is not started.", status=503)
+        first = next(self._turns)
+        problems = []
+        for offset in range(len(self._urls)):
+            url = self._urls[(first + offset) % len(self._urls)]
+            try:
+                response = await self._client.send(
+                    self._client.build_request("POST", url + "/completions", json=body), stream=True
+                )
+            except httpx.HTTPError as exc:
+                problems.append(f"{_public(url)}: {_describe(exc)}")
+                continue
+            if response.status_code == 200:
+                return response, url
+            message = await _error_message(response)
+            if response.status_code in _RETRY_STATUSES:
+                problems.append(f"{_public(url)}: HTTP {response.status_code} {message}")
+                continue
+            status = 400 if 400 <= response.status_code < 500 else 502
+            raise EngineError(
+                f"The upstream {_public(url)} refused the request (HTTP {response.status_code}): {message}",
+                status=status,
+                code="upstream_rejected",
+            )
+        logger.warning("no upstream could take a request: %s", "; ".join(problems))
+        raise EngineError(
+            "No upstream could take the request: " + "; ".join(problems), status=503, code="upstream_unavailable"
+        )
+
+    async def _steps(self, response: httpx.Response, url: str, request: GenerationRequest) -> AsyncIterator[Step]:
+        stops = self._vocab.stop_token_ids
+        finish: FinishReason | None = None
+        stop_reason: Any = None
+        usage: dict[str, Any] | None = None
+        last_token: int | None = None
+        generated = 0
+        async for payload in _sse_payloads(response, url):
+            if payload == "[DONE]":
+                break
+            chunk = _json(payload, url)
+            if "error" in chunk:
+                raise EngineError(
+                    f"The upstream {_public(url)} failed: {_error_text(chunk['error'])}", status=502, code="upstream_error"
+                )
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices") or ():
+                tokens = self._tokens(choice, chunk, url)
+                if tokens:
+                    generated += len(tokens)
+                    last_token = tokens[-1]
+                    yield Step(tokens)
+                if choice.get("finish_reason"):
+                    finish = _FINISH.get(choice["finish_reason"], "error")
+                    stop_reason = choice.get("stop_reason", choice.get("matched_stop"))
+        if finish is None:
+            raise EngineError(
+                f"The upstream {_public(url)} ended the stream without finishing the request.",
+                status=502,
+                code="upstream_error",
+            )
+        restored: list[int] = []
+        if finish == "stop" and last_token not in stops:
+            if isinstance(stop_reason, int) and stop_reason in stops:
+                restored = [stop_reason]
+            elif stop_reason is None:
+                restored = [self._vocab.special.return_]  # the end token, which servers may leave out
+        yield Step(restored, finish, self._usage(usage, request, generated + len(restored)))
+
+    def _tokens(self, choice: dict[str, Any], chunk: dict[str, Any], url: str) -> list[int]:
+        tokens = choice.get("token_ids")
+        if tokens is None:
+            tokens = (chunk.get("nvext") or {}).get("completion_token_ids")
+        if tokens is None:
+            text = choice.get("text")
+            return self._vocab.encode_harmony(text) if text else []
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens):
+            raise EngineError(f"The upstream {_public(url)} sent invalid token ids.", status=502, code="upstream_error")
+        return tokens
+
+    @staticmethod
+    def _usage(usage: dict[str, Any] | None, request: GenerationRequest, generated: int) -> Usage:
+        if not usage:
+            return Usage(len(request.prompt_token_ids), generated)
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        return Usage(
+            int(usage.get("prompt_tokens", len(request.prompt_token_ids))),
+            int(usage.get("completion_tokens", generated)),
+            int(cached) if cached is not None else None,
+        )
+
+    async def _probe(self, url: str) -> str:
+        """'' when the upstream answers GET /models, else what went wrong."""
+        assert self._client is not None
+        try:
+            response = await self._client.get(url + "/models", timeout=min(5.0, self._timeout.read or 5.0))
+        except httpx.HTTPError as exc:
+            return f"{_public(url)}: {_describe(exc)}"
+        return "" if response.status_code == 200 else f"{_public(url)}: HTTP {response.status_code}"
+
+
+async def _sse_payloads(response: httpx.Response, url: str) -> AsyncIterator[str]:
+    event = None
+    async for line in response.aiter_lines():
+        if line.startswith("data:"):
+            yield line[5:].strip()
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith(":") and event == "error":  # Dynamo sends errors as an `error` event with a comment
+            raise EngineError(f"The upstream {_public(url)} failed: {line[1:].strip()}", status=502, code="upstream_error")
+        elif not line:
+            event = None
+
+
+def _json(payload: str, url: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(payload)
+    except json.JSONDecodeError:
+        chunk = None
+    if not isinstance(chunk, dict):
+        raise EngineError(f"The upstream {_public(url)} sent a chunk that is not JSON.", status=502, code="upstream_error")
+    return chunk
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error)
+
+
+async def _error_message(response: httpx.Response) -> str:
+    try:
+        body = json.loads(await response.aread())
+    except (json.JSONDecodeError, httpx.HTTPError, UnicodeDecodeError):
+        return response.reason_phrase
+    finally:
+        await response.aclose()
+    if isinstance(body, dict):
+        return _error_text(body.get("error") or body.get("message") or body)  # trtllm-serve: a flat error object
+    return response.reason_phrase
+
+
+def _public(url: str) -> str:
+    """The URL as it may be shown: without user:password."""
+    parsed = httpx.URL(url)
+    return str(parsed.copy_with(username=None, password=None)) if parsed.userinfo else url
+
+
+def _describe(exc: httpx.HTTPError) -> str:
+    kinds = {
+        httpx.ConnectError: "connection failed",
+        httpx.ConnectTimeout: "connection timed out",
+        httpx.ReadTimeout: "no data before the read timeout",
+        httpx.RemoteProtocolError: "the connection broke",
+    }
+    for kind, text in kinds.items():
+        if isinstance(exc, kind):
+            return text
+    return type(exc).__name__
