@@ -1,10 +1,16 @@
-"""`harmony-proxy serve` (also `python -m proxy serve`): parse options, load the vocabulary, serve."""
+"""`harmony-proxy serve` (also `python -m proxy serve`): parse options, load the vocabulary, serve.
+
+Every trtllm-serve command of NVIDIA's gpt-oss guides can be typed with `harmony-proxy serve` in its place:
+the model as the first argument, and `--tp_size`, `--ep_size`, `--extra_llm_api_options`, ... with underscores
+or dashes.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,10 +23,16 @@ from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import ScriptError, read_script, scripted_engine
+from proxy.engines.trtllm_args import LlmArgsError, TrtllmFlags, llm_arguments
+from proxy.engines.upstream import FLAVORS
 from proxy.state import ServerState
 
 logger = logging.getLogger("harmony_proxy")
-ENGINES = ("mock", "scripted")
+ENGINES = ("mock", "scripted", "trtllm", "upstream")
+DEFAULT_MODEL = "openai/gpt-oss-20b"
+DEFAULT_CONTEXT = 131072
+TRTLLM_ONLY = ("model", "model_argument", "tokenizer", "tp_size", "pp_size", "ep_size", "max_batch_size",
+               "max_num_tokens", "kv_cache_free_gpu_memory_fraction", "trust_remote_code", "extra_llm_api_options")
 
 
 class StartupError(Exception):
@@ -31,17 +43,50 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harmony-proxy", description="OpenAI-compatible server for gpt-oss.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve the OpenAI APIs over HTTP")
-    serve.add_argument("--engine", choices=ENGINES, help="default: mock when TensorRT-LLM is not installed")
-    serve.add_argument("--script", type=Path, help="JSON Lines completions for --engine scripted")
-    serve.add_argument("--token-delay-ms", type=float, default=0.0, help="delay between scripted/mock tokens")
+    serve.add_argument("model_argument", nargs="?", metavar="MODEL", help="model for --engine trtllm (as trtllm-serve)")
+    serve.add_argument("--engine", choices=ENGINES,
+                       help="default: trtllm when TensorRT-LLM is installed, else mock (upstream with --upstream-url)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--served-model-name", default=ServerConfig.served_model_name)
+    serve.add_argument("--served-model-name", help=f"the model name clients send (default: the model, or {DEFAULT_MODEL})")
     serve.add_argument("--reasoning-field", choices=REASONING_FIELDS, default=ServerConfig.reasoning_field)
     serve.add_argument("--default-reasoning-effort", choices=EFFORTS, default=ServerConfig.default_reasoning_effort)
-    serve.add_argument("--max-model-len", type=int, default=ServerConfig.max_model_len,
-                       help="context window: prompt plus output tokens")
-    serve.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument("--max-model-len", type=int,
+                       help=f"context window, prompt plus output (default: --max_seq_len, else {DEFAULT_CONTEXT})")
+    serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"))
+
+    playback = serve.add_argument_group("scripted and mock engines")
+    playback.add_argument("--script", type=Path, help="JSON Lines completions for --engine scripted")
+    playback.add_argument("--token-delay-ms", type=float, default=0.0, help="delay between generated tokens")
+
+    trtllm = serve.add_argument_group("trtllm engine (flags as trtllm-serve; dashes or underscores)")
+    trtllm.add_argument("--model", help="Hugging Face id or local path (or give it as the first argument)")
+    trtllm.add_argument("--tokenizer")
+    trtllm.add_argument("--backend", default="pytorch", choices=("pytorch",))
+    for flag, kind, help_text in (
+        ("tp_size", int, "tensor parallel size"),
+        ("pp_size", int, "pipeline parallel size"),
+        ("ep_size", int, "MoE expert parallel size"),
+        ("max_batch_size", int, None),
+        ("max_num_tokens", int, None),
+        ("max_seq_len", int, None),
+        ("kv_cache_free_gpu_memory_fraction", float, None),
+    ):
+        trtllm.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", dest=flag, type=kind, help=help_text)
+    trtllm.add_argument("--trust_remote_code", "--trust-remote-code", dest="trust_remote_code", action="store_true")
+    trtllm.add_argument("--extra_llm_api_options", "--extra-llm-api-options", "--config", dest="extra_llm_api_options",
+                        type=Path, help="YAML of further tensorrt_llm.LLM arguments")
+
+    upstream = serve.add_argument_group("upstream engine")
+    upstream.add_argument("--upstream-url", action="append", default=[],
+                          help="an OpenAI-compatible base URL, e.g. http://host:8000/v1 (repeat for round robin)")
+    upstream.add_argument("--upstream-flavor", choices=sorted(FLAVORS), default="vllm",
+                          help="how the upstream returns token ids: vllm (also SGLang, harmony-proxy), trtllm, dynamo")
+    upstream.add_argument("--upstream-model", help="the model name the upstream serves (default: --served-model-name)")
+    upstream.add_argument("--upstream-api-key", default=os.environ.get("HARMONY_PROXY_UPSTREAM_API_KEY"),
+                          help="sent as a bearer token (or set HARMONY_PROXY_UPSTREAM_API_KEY)")
+    upstream.add_argument("--upstream-connect-timeout", type=float, default=5.0, help="seconds")
+    upstream.add_argument("--upstream-read-timeout", type=float, default=600.0, help="seconds between chunks")
     return parser
 
 
@@ -53,39 +98,103 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         engine_name = _choose_engine(args)
         vocab = load_vocab()
-        engine = _build_engine(engine_name, args, vocab)
-    except (StartupError, VocabError, ScriptError) as exc:
+        config = _config(args, engine_name)
+        engine = _build_engine(engine_name, args, vocab, config)
+    except (StartupError, VocabError, ScriptError, LlmArgsError) as exc:
         print(f"harmony-proxy: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    config = ServerConfig(
-        served_model_name=args.served_model_name,
-        reasoning_field=args.reasoning_field,
-        default_reasoning_effort=args.default_reasoning_effort,
-        max_model_len=args.max_model_len,
-    )
-    app = create_app(ServerState(config, vocab, engine))
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None, log_level=args.log_level)
+
+    failures: list[BaseException] = []
+
+    def engine_failed(error: BaseException) -> None:
+        failures.append(error)
+        server.should_exit = True  # an engine that cannot start must not leave a server that answers 503 forever
+
+    app = create_app(ServerState(config, vocab, engine), on_engine_failure=engine_failed)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
+                                           log_level=args.log_level))
+    server.run()
+    if failures:
+        print(f"harmony-proxy: error: the {engine.name} engine failed to start: {failures[0]}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def _choose_engine(args: argparse.Namespace) -> str:
+    model = args.model or args.model_argument
     if args.engine:
-        logger.info("serving %s with the %s engine", args.served_model_name, args.engine)
-        return args.engine
-    if importlib.util.find_spec("tensorrt_llm") is not None:
-        raise StartupError("TensorRT-LLM is installed but its engine is not available yet; pass --engine mock")
-    logger.info(
-        "no --engine given and TensorRT-LLM is not installed: serving the built-in MOCK engine "
-        "(no model weights; answers are placeholders)"
+        name = args.engine
+    elif args.upstream_url:
+        name = "upstream"
+    elif importlib.util.find_spec("tensorrt_llm") is not None:
+        name = "trtllm"
+    else:
+        if model:
+            raise StartupError(f"model {model} needs TensorRT-LLM, which is not installed here: install "
+                               "harmony-proxy[trtllm] on a CUDA machine, or pass --engine mock")
+        logger.info("no --engine given and TensorRT-LLM is not installed: serving the built-in MOCK engine "
+                    "(no model weights; answers are placeholders)")
+        return "mock"
+    logger.info("serving with the %s engine%s", name, f" ({model})" if model and name == "trtllm" else "")
+    return name
+
+
+def _config(args: argparse.Namespace, engine_name: str) -> ServerConfig:
+    model = args.model or args.model_argument
+    served = args.served_model_name or (model if engine_name == "trtllm" and model else DEFAULT_MODEL)
+    return ServerConfig(
+        served_model_name=served,
+        reasoning_field=args.reasoning_field,
+        default_reasoning_effort=args.default_reasoning_effort,
+        max_model_len=args.max_model_len or args.max_seq_len or DEFAULT_CONTEXT,
     )
-    return "mock"
 
 
-def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
+def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab, config: ServerConfig) -> Engine:
+    if args.script is not None and name != "scripted":
+        raise StartupError("--script is only used with --engine scripted")
+    if args.upstream_url and name != "upstream":
+        raise StartupError("--upstream-url is only used with --engine upstream")
+    trtllm_flags = [flag for flag in TRTLLM_ONLY if getattr(args, flag) not in (None, False)]
+    if trtllm_flags and name != "trtllm":
+        raise StartupError(f"--{trtllm_flags[0]} is only used with --engine trtllm")
     delay = args.token_delay_ms / 1000
     if name == "scripted":
         if args.script is None:
             raise StartupError("--engine scripted needs --script FILE (JSON Lines of {\"completion\": ...})")
         return scripted_engine(vocab, read_script(args.script), delay)
-    if args.script is not None:
-        raise StartupError("--script is only used with --engine scripted")
-    return mock_engine(vocab, delay)
+    if name == "mock":
+        return mock_engine(vocab, delay)
+    if name == "upstream":
+        from proxy.engines.upstream import UpstreamEngine
+
+        if not args.upstream_url:
+            raise StartupError("--engine upstream needs --upstream-url http://host:port/v1 (repeatable)")
+        return UpstreamEngine(vocab, args.upstream_url, args.upstream_model or config.served_model_name,
+                              args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
+                              args.upstream_read_timeout)
+    return _trtllm_engine(args, vocab)
+
+
+def _trtllm_engine(args: argparse.Namespace, vocab: Vocab) -> Engine:
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        raise StartupError("--engine trtllm needs TensorRT-LLM: pip install 'harmony-proxy[trtllm]' on a CUDA "
+                           "machine, or run inside NVIDIA's TensorRT-LLM container")
+    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+
+    from proxy.engines.trtllm import TrtllmEngine
+
+    flags = TrtllmFlags(
+        model=args.model or args.model_argument or DEFAULT_MODEL,
+        tokenizer=args.tokenizer,
+        backend=args.backend,
+        tp_size=args.tp_size,
+        pp_size=args.pp_size,
+        ep_size=args.ep_size,
+        max_batch_size=args.max_batch_size,
+        max_num_tokens=args.max_num_tokens,
+        max_seq_len=args.max_seq_len,
+        kv_cache_free_gpu_memory_fraction=args.kv_cache_free_gpu_memory_fraction,
+        trust_remote_code=args.trust_remote_code,
+        extra_llm_api_options=args.extra_llm_api_options,
+    )
+    return TrtllmEngine(llm_arguments(flags, set(TorchLlmArgs.model_fields.keys()) | {"backend"}), vocab)

@@ -1,0 +1,2 @@
+class RequestError(RuntimeError):
+    """tensorrt_llm/executor/utils.py: a request the executor could not serve."""

@@ -1,0 +1,3 @@
+from tensorrt_llm.llmapi.llm import LLM, CompletionOutput, RequestOutput
+
+__all__ = ["LLM", "CompletionOutput", "RequestOutput"]

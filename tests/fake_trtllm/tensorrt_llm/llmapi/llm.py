@@ -1,0 +1,202 @@
+"""tensorrt_llm/llmapi/llm.py and executor/result.py, faked with their real behaviours:
+
+- `LLM(model, tokenizer=None, ..., tensor_parallel_size=1, ..., **kwargs)`: an unknown kwarg raises
+  `ValueError("LLM got invalid argument: <key>")`; nested configs reject unknown keys.
+- `generate_async(inputs, sampling_params=None, ..., streaming=False)` is a plain method that must be called with
+  an event loop running; it raises `RuntimeError("LLM is shutting down")` after `shutdown()`, and `RequestError`
+  for a prompt longer than `max_num_tokens`.
+- The `RequestOutput` is async-iterated and yields the same object each step, mutated; `outputs[0]` has
+  cumulative `token_ids`, `token_ids_diff`, `finish_reason`, `stop_reason`; `cached_tokens` is on the output.
+- One step carries `stream_interval` tokens. The end token (`end_id`, the tokenizer's EOS `<|return|>`) ends with
+  `stop` and is left out of `token_ids`; a stop token id ends with `stop`, `stop_reason` set to it, and is
+  stripped unless `include_stop_str_in_output`. `ignore_eos` disables the end token only.
+- `abort()` ends the request with `cancelled`. Prompt prefixes are cached in 32-token blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tensorrt_llm.executor import RequestError
+from tensorrt_llm.llmapi.llm_args import NESTED, TorchLlmArgs, check_nested
+from tensorrt_llm.sampling_params import SamplingParams
+
+TOKENS_PER_BLOCK = 32
+
+
+class CompletionOutput:
+    __slots__ = ("index", "text", "token_ids", "finish_reason", "stop_reason", "_last_token_ids_len")
+
+    def __init__(self, index: int) -> None:
+        self.index, self.text, self.token_ids = index, "", []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self._last_token_ids_len = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def token_ids_diff(self) -> list[int]:
+        return self.token_ids[self._last_token_ids_len :]
+
+
+class RequestOutput:
+    def __init__(self, llm: LLM, request_id: int, prompt: list[int], params: SamplingParams, script: list[int]) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None  # the real class then fails on await: "The asyncio event loop was not present..."
+        self._llm, self.request_id, self.prompt_token_ids = llm, request_id, prompt
+        self.sampling_params = params
+        self.outputs = [CompletionOutput(0)]
+        self.cached_tokens = llm._cache_hit(prompt)
+        self._done = False
+        self._aborted = False
+        self._queue: asyncio.Queue[tuple[list[int], str | None, Any]] = asyncio.Queue()
+        self._producer = self._loop.create_task(self._produce(script)) if self._loop else None
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def abort(self) -> None:
+        if not self._aborted and not self._done:
+            self._aborted = True
+            self._llm._record("abort", request_id=self.request_id)
+            if self._producer is not None:
+                self._producer.cancel()
+            self._queue.put_nowait(([], "cancelled", None))
+
+    def aborted(self) -> bool:
+        return self._aborted
+
+    def __aiter__(self) -> RequestOutput:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        if self._loop is None:
+            raise AssertionError("The asyncio event loop was not present during initialization")
+        tokens, finish, stop_reason = await self._queue.get()
+        output = self.outputs[0]
+        output._last_token_ids_len = len(output.token_ids)
+        output.token_ids.extend(tokens)
+        if finish is not None:
+            output.finish_reason, output.stop_reason, self._done = finish, stop_reason, True
+        return self
+
+    async def _produce(self, script: list[int]) -> None:
+        params, llm = self.sampling_params, self._llm
+        stops = set(params.stop_token_ids or ())
+        end_id = None if params.ignore_eos else llm.end_id
+        step: list[int] = []
+        generated = 0
+        for token in script:
+            if generated >= params.max_tokens:
+                break
+            generated += 1
+            may_stop = generated >= (params.min_tokens or 0)
+            if may_stop and token == end_id:
+                self._queue.put_nowait((step, "stop", None))  # the end token is not returned
+                return
+            if may_stop and token in stops:
+                kept = [token] if params.include_stop_str_in_output else []
+                self._queue.put_nowait((step + kept, "stop", token))
+                return
+            step.append(token)
+            if len(step) == llm.stream_interval:
+                await asyncio.sleep(llm.step_seconds)
+                self._queue.put_nowait((step, None, None))
+                step = []
+        self._queue.put_nowait((step, "length", None))
+
+
+class LLM:
+    def __init__(self, model: str | Path, tokenizer: Any = None, tokenizer_mode: str = "auto",
+                 skip_tokenizer_init: bool = False, trust_remote_code: bool = False, tensor_parallel_size: int = 1,
+                 dtype: str = "auto", revision: str | None = None, tokenizer_revision: str | None = None,
+                 **kwargs: Any) -> None:
+        for key in kwargs:
+            if key not in TorchLlmArgs.model_fields:
+                raise ValueError(f"LLM got invalid argument: {key}")
+        for name in NESTED:
+            check_nested(name, kwargs.get(name))
+        self._folder = Path(model)
+        script = self._folder / "script.jsonl"
+        if not script.is_file():
+            raise ValueError(f"cannot load model {model}: no weights (script.jsonl) found")
+        from parsers.vocab import load_vocab  # the fake's tokenizer: the real o200k_harmony vocabulary
+
+        vocab = load_vocab()
+        self._scripts = [vocab.encode_harmony(json.loads(line)["completion"])
+                         for line in script.read_text().splitlines() if line.strip()]
+        self.end_id = vocab.special.return_  # the gpt-oss tokenizer's eos_token_id
+        self.args = {"model": str(model), "tokenizer": tokenizer, "trust_remote_code": trust_remote_code,
+                     "tensor_parallel_size": tensor_parallel_size, **kwargs}
+        self.stream_interval = int(kwargs.get("stream_interval") or 1)
+        self.max_num_tokens = int(kwargs.get("max_num_tokens") or 8192)
+        self.step_seconds = float(_read(self._folder / "step_seconds", "0"))
+        time.sleep(float(_read(self._folder / "load_seconds", "0")))  # loading weights takes a while
+        self._block_reuse = (kwargs.get("kv_cache_config") or {}).get("enable_block_reuse", True)
+        self._seen_prompts: list[list[int]] = []
+        self._next_script = 0
+        self._next_id = 0
+        self._shut_down = False
+        self._record("init", args=self.args)
+
+    def generate_async(self, inputs: Any, sampling_params: SamplingParams | None = None, lora_request: Any = None,
+                       prompt_adapter_request: Any = None, streaming: bool = False, kv_cache_retention_config: Any = None,
+                       disaggregated_params: Any = None, _postproc_params: Any = None, scheduling_params: Any = None,
+                       cache_salt: str | None = None) -> RequestOutput:
+        if self._shut_down:
+            raise RuntimeError("LLM is shutting down")
+        params = sampling_params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"The sampling_params must be type SamplingParams or None, but got {type(params)}")
+        if not (isinstance(inputs, list) and all(isinstance(t, int) for t in inputs)):
+            raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
+        if len(inputs) > self.max_num_tokens:
+            raise RequestError(f"The sum of prompt length ({float(len(inputs))}), query length (0) should not "
+                               f"exceed max_num_tokens ({self.max_num_tokens})")
+        self._next_id += 1
+        script = self._scripts[self._next_script % len(self._scripts)]
+        self._next_script += 1
+        self._record("generate", request_id=self._next_id, prompt_length=len(inputs), streaming=streaming,
+                     sampling={name: getattr(params, name) for name in params.__slots__})
+        return RequestOutput(self, self._next_id, list(inputs), params, script)
+
+    def shutdown(self) -> None:
+        if not self._shut_down:
+            self._shut_down = True
+            self._record("shutdown")
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.shutdown()
+        return False
+
+    def _cache_hit(self, prompt: list[int]) -> int:
+        best = 0
+        if self._block_reuse:
+            for seen in self._seen_prompts:
+                common = next((i for i, (a, b) in enumerate(zip(seen, prompt)) if a != b), min(len(seen), len(prompt)))
+                best = max(best, common // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK)
+        self._seen_prompts.append(prompt)
+        return best
+
+    def _record(self, event: str, **details: Any) -> None:
+        with (self._folder / "events.jsonl").open("a") as log:
+            log.write(json.dumps({"event": event, **details}, default=str) + "\n")
+
+
+def _read(path: Path, default: str) -> str:
+    return path.read_text().strip() if path.is_file() else default

@@ -1,0 +1,134 @@
+"""`harmony-proxy serve` typed as NVIDIA's trtllm-serve commands for gpt-oss, on the fake TensorRT-LLM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.test_e2e_chat import ANSWER
+from tests.test_trtllm import FAKE, events, model_folder
+from tests.test_vocab_and_cli import clean_env, free_port, stop, wait_healthy
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "trtllm"
+PROXY = str(Path(sys.executable).with_name("harmony-proxy"))
+
+
+def fake_env(tmp_path: Path) -> dict[str, str]:
+    return clean_env(tmp_path, PYTHONPATH=str(FAKE))
+
+
+def init_args(folder: Path) -> dict[str, Any]:
+    return next(e for e in events(folder) if e["event"] == "init")["args"]
+
+
+@pytest.mark.parametrize(
+    ("yaml_file", "flags", "expected"),
+    [
+        # 1 GPU, low latency, with the seeds' underscore flags
+        ("low_latency.yaml",
+         ["--backend", "pytorch", "--tp_size", "1", "--ep_size", "1", "--trust_remote_code",
+          "--kv_cache_free_gpu_memory_fraction", "0.75"],
+         {"tensor_parallel_size": 1, "moe_expert_parallel_size": 1, "trust_remote_code": True,
+          "kv_cache_config": {"free_gpu_memory_fraction": 0.75}, "enable_attention_dp": False,
+          "cuda_graph_config": {"max_batch_size": 8, "enable_padding": True}, "moe_config": {"backend": "TRTLLM"}}),
+        # 8 GPUs, max throughput, dashed spellings
+        ("max_throughput.yaml",
+         ["--backend", "pytorch", "--tp-size", "8", "--ep-size", "8", "--max-batch-size", "640", "--trust-remote-code",
+          "--kv-cache-free-gpu-memory-fraction", "0.9", "--max-num-tokens", "16384", "--max-seq-len", "4096"],
+         {"tensor_parallel_size": 8, "moe_expert_parallel_size": 8, "max_batch_size": 640, "max_num_tokens": 16384,
+          "max_seq_len": 4096, "kv_cache_config": {"free_gpu_memory_fraction": 0.9}, "enable_attention_dp": True,
+          "stream_interval": 10, "moe_config": {"backend": "CUTLASS"}}),
+        # 4 GPUs on Hopper: the Triton MoE backend
+        ("hopper_low_latency.yaml", ["--tp_size", "4", "--ep_size", "4"],
+         {"tensor_parallel_size": 4, "moe_expert_parallel_size": 4, "moe_config": {"backend": "TRITON"}}),
+    ],
+)
+def test_seed_commands_pass_flags_and_yaml_to_the_llm(
+    tmp_path: Path, yaml_file: str, flags: list[str], expected: dict[str, Any]
+) -> None:
+    folder = model_folder(tmp_path, [ANSWER])
+    port = free_port()
+    command = [PROXY, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port), *flags,
+               "--extra_llm_api_options", str(DOCS / yaml_file)]
+    process = subprocess.Popen(command, env=fake_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        wait_healthy(port, process)
+        model = str(folder)  # as trtllm-serve, the served model name defaults to the model
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+                            json={"model": model, "messages": [{"role": "user", "content": "hi"}]}).json()
+        assert answer["choices"][0]["message"]["content"] == "It is 18C."
+    finally:
+        output = stop(process)
+    arguments = init_args(folder)
+    assert {key: arguments[key] for key in expected} == expected
+    assert arguments["model"] == str(folder) and arguments["backend"] == "pytorch"
+    assert "serving with the trtllm engine" in output.splitlines()[0]  # chosen without --engine: it is installed
+    assert [e["event"] for e in events(folder)][-1] == "shutdown"  # SIGTERM shut the LLM down
+
+
+def test_unknown_yaml_keys_stop_the_server_and_are_named(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, [ANSWER])
+    config = tmp_path / "options.yaml"
+    config.write_text("enable_mixed_sampler: true\nstream_interval: 2\nnot_a_setting: 1\n")
+    result = subprocess.run([PROXY, "serve", str(folder), "--extra_llm_api_options", str(config)],
+                            env=fake_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "enable_mixed_sampler, not_a_setting" in result.stderr and "Traceback" not in result.stderr
+    assert not events(folder)  # the LLM was never built
+
+
+def test_an_llm_that_fails_to_build_stops_the_server(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, [ANSWER])
+    config = tmp_path / "options.yaml"
+    config.write_text("kv_cache_config:\n  free_gpu_memory_fractoin: 0.5\n")  # a typo in a nested key
+    result = subprocess.run([PROXY, "serve", str(folder), "--port", str(free_port()), "--extra_llm_api_options",
+                             str(config)], env=fake_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "failed to start" in result.stderr and "free_gpu_memory_fractoin" in result.stderr
+
+
+def test_sigterm_during_a_long_load_exits_promptly(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, [ANSWER], load_seconds="60")
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--engine", "trtllm", "--model", str(folder),
+                                "--port", str(port)], env=fake_env(tmp_path), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.1)
+        assert health.status_code == 503  # up and answering while the model loads
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+        assert time.monotonic() - started < 15
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+def test_trtllm_flags_with_another_engine_are_refused(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--engine", "mock", "--tp_size", "8"],
+                            env=clean_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--tp_size is only used with --engine trtllm" in result.stderr
+
+
+def test_a_model_without_tensorrt_llm_installed_is_a_clear_error(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "openai/gpt-oss-120b"],
+                            env=clean_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "needs TensorRT-LLM, which is not installed" in result.stderr
