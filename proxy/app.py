@@ -14,6 +14,13 @@ from starlette.routing import Route
 from proxy.chat.routes import chat_completions, tokenize
 from proxy.completions import completions
 from proxy.errors import APIError, api_error_handler, http_error_handler, unexpected_error_handler
+from proxy.responses.routes import (
+    cancel_response,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from proxy.state import ServerState
 from proxy.status import health, list_models, retrieve_model
 
@@ -29,18 +36,28 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The engine loads in the background: the server answers at once, /health says 503 until it is ready.
         starting = asyncio.create_task(_start_engine(state, on_engine_failure))
+        await _fail_interrupted_responses(state)
         try:
             yield
         finally:
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
+            if state.jobs is not None:
+                await state.jobs.close()
             await state.engine.close()
+            if state.responses is not None:
+                await state.responses.close()
 
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
+            Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
+            Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
@@ -55,6 +72,22 @@ def create_app(
     )
     app.state.harmony = state
     return app
+
+
+async def _fail_interrupted_responses(state: ServerState) -> None:
+    """Background responses left queued or in progress by an earlier process will never finish: say so."""
+    if state.responses is None:
+        return
+    for response_id in await state.responses.unfinished():
+        record = await state.responses.load(response_id)
+        if record is None:
+            continue
+        record.resource.update(
+            status="failed",
+            error={"code": "server_restarted", "message": "The server restarted before this response finished."},
+        )
+        await state.responses.save(record)
+        logger.warning("response %s was interrupted by a restart; marked failed", response_id)
 
 
 async def _start_engine(state: ServerState, on_failure: Callable[[BaseException], None] | None) -> None:

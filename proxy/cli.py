@@ -11,6 +11,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import ScriptError, read_script, scripted_engine
 from proxy.engines.trtllm_args import LlmArgsError, TrtllmFlags, llm_arguments
 from proxy.engines.upstream import FLAVORS
+from proxy.responses.store import SQLiteResponseStore
 from proxy.state import ServerState
 
 logger = logging.getLogger("harmony_proxy")
@@ -33,6 +35,11 @@ DEFAULT_MODEL = "openai/gpt-oss-20b"
 DEFAULT_CONTEXT = 131072
 TRTLLM_ONLY = ("model", "model_argument", "tokenizer", "tp_size", "pp_size", "ep_size", "max_batch_size",
                "max_num_tokens", "kv_cache_free_gpu_memory_fraction", "trust_remote_code", "extra_llm_api_options")
+
+
+def default_store_path() -> Path:
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "harmony-proxy" / "responses.sqlite3"
 
 
 class StartupError(Exception):
@@ -54,6 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int,
                        help=f"context window, prompt plus output (default: --max_seq_len, else {DEFAULT_CONTEXT})")
     serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"))
+
+    responses = serve.add_argument_group("Responses API")
+    responses.add_argument("--store-path", type=Path, default=default_store_path(),
+                           help="SQLite file of stored responses (default: %(default)s)")
+    responses.add_argument("--no-store", action="store_true", help="store no responses")
+    responses.add_argument("--reasoning-summary-events", action="store_true",
+                           help="also stream reasoning as response.reasoning_summary_text.* events")
+    responses.add_argument("--open-responses-events", action="store_true",
+                           help="name raw reasoning events response.reasoning.* (Open Responses spec) rather than "
+                                "response.reasoning_text.* (OpenAI SDK)")
 
     playback = serve.add_argument_group("scripted and mock engines")
     playback.add_argument("--script", type=Path, help="JSON Lines completions for --engine scripted")
@@ -110,7 +127,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         failures.append(error)
         server.should_exit = True  # an engine that cannot start must not leave a server that answers 503 forever
 
-    app = create_app(ServerState(config, vocab, engine), on_engine_failure=engine_failed)
+    try:
+        store = None if args.no_store else SQLiteResponseStore(args.store_path)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"harmony-proxy: error: cannot open the response store {args.store_path}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    app = create_app(ServerState(config, vocab, engine, store), on_engine_failure=engine_failed)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                            log_level=args.log_level))
     server.run()
@@ -146,6 +168,8 @@ def _config(args: argparse.Namespace, engine_name: str) -> ServerConfig:
         reasoning_field=args.reasoning_field,
         default_reasoning_effort=args.default_reasoning_effort,
         max_model_len=args.max_model_len or args.max_seq_len or DEFAULT_CONTEXT,
+        reasoning_summary_events=args.reasoning_summary_events,
+        open_responses_events=args.open_responses_events,
     )
 
 

@@ -14,3 +14,5 @@ class ServerConfig:
     reasoning_field: str = "reasoning_content"  # the one field reasoning is sent in; the other is never sent
     default_reasoning_effort: str = "medium"
     max_model_len: int = 131072  # gpt-oss context window: prompt plus output tokens
+    reasoning_summary_events: bool = False  # Responses: also stream reasoning as summary events
+    open_responses_events: bool = False  # Responses: name raw reasoning events as the Open Responses spec does

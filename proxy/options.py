@@ -35,6 +35,7 @@ def generation_request(
     constraint: OutputConstraint,
     vocab: Vocab,
     max_model_len: int,
+    prompt_param: str = "messages",
     max_tokens_param: str = "max_tokens",
 ) -> GenerationRequest:
     """Check the prompt and token budget against the context window; a 400 like OpenAI's if they do not fit."""
@@ -45,7 +46,7 @@ def generation_request(
         raise invalid_request(
             f"This model's maximum context length is {max_model_len} tokens. However, you requested "
             f"{prompt_length} prompt tokens{asked}. Please reduce the length of the messages or the output limit.",
-            param="messages" if requested is None or prompt_length >= max_model_len else max_tokens_param,
+            param=prompt_param if requested is None or prompt_length >= max_model_len else max_tokens_param,
             code="context_length_exceeded",
         )
     sampling = SamplingParams(

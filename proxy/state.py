@@ -10,6 +10,8 @@ from parsers.vocab import Vocab
 from proxy.config import ServerConfig
 from proxy.engines.base import Engine
 from proxy.errors import APIError, model_not_found
+from proxy.responses.jobs import BackgroundJobs
+from proxy.responses.store import ResponseStore
 
 
 @dataclass
@@ -17,11 +19,14 @@ class ServerState:
     config: ServerConfig
     vocab: Vocab
     engine: Engine
+    responses: ResponseStore | None = None  # None: storage disabled (--no-store)
     renderer: Renderer = field(init=False)
+    jobs: BackgroundJobs | None = field(init=False)
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
         self.renderer = Renderer(self.vocab)
+        self.jobs = BackgroundJobs(self.responses) if self.responses is not None else None
 
     def check_model(self, model: object) -> None:
         if model != self.config.served_model_name:

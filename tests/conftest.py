@@ -19,6 +19,7 @@ from proxy.config import ServerConfig
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
+from proxy.responses.store import SQLiteResponseStore
 from proxy.state import ServerState
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -66,10 +67,11 @@ class LiveServer:
 
 
 @pytest.fixture
-def serve(vocab: Vocab) -> Iterator[Callable[..., LiveServer]]:
-    """serve(engine=None, completions=None, token_delay=0, **config) -> a started LiveServer.
+def serve(vocab: Vocab, tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
+    """serve(engine=None, completions=None, token_delay=0, store_path=..., **config) -> a started LiveServer.
 
     `completions` (a list of Harmony texts) selects the scripted engine; otherwise the mock engine runs.
+    Responses are stored in a SQLite file under tmp_path unless `store_path=None`.
     """
     servers: list[LiveServer] = []
 
@@ -77,6 +79,7 @@ def serve(vocab: Vocab) -> Iterator[Callable[..., LiveServer]]:
         engine: Engine | None = None,
         completions: list[str] | None = None,
         token_delay: float = 0.0,
+        store_path: Path | None = tmp_path / "responses.sqlite3",
         **config: Any,
     ) -> LiveServer:
         if engine is None:
@@ -84,7 +87,8 @@ def serve(vocab: Vocab) -> Iterator[Callable[..., LiveServer]]:
                 engine = scripted_engine(vocab, completions, token_delay)
             else:
                 engine = mock_engine(vocab, token_delay)
-        app = create_app(ServerState(ServerConfig(**config), vocab, engine))
+        store = SQLiteResponseStore(store_path) if store_path is not None else None
+        app = create_app(ServerState(ServerConfig(**config), vocab, engine, store))
         server = LiveServer(app, engine).start()
         servers.append(server)
         return server

@@ -161,3 +161,34 @@ def test_an_engine_that_is_shutting_down_answers_503(serve: Callable[..., LiveSe
     assert response.status_code == 503
     with pytest.raises(openai.InternalServerError):
         client_for(server).chat.completions.create(model=MODEL, messages=ASK["messages"])
+
+
+def test_responses_streaming_and_not_on_the_fake(serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path) -> None:
+    from tests.open_responses import validate_event
+    from tests.test_responses import stream_events
+
+    server = trtllm_server(serve, vocab, model_folder(tmp_path, [ANSWER, CALL]), stream_interval=3)
+    client = client_for(server)
+    plain = client.responses.create(model=MODEL, input="Weather?")
+    assert plain.output_text == "It is 18C." and plain.status == "completed"
+    assert plain.usage.input_tokens_details.cached_tokens == 0
+    events = stream_events(server, {"input": "Weather?", "tools": [{"type": "function", "name": "get_weather"}]})
+    for event in events:
+        validate_event(event)
+    final = events[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "function_call"]
+    assert final["output"][1]["arguments"] == '{"city":"Paris"}'
+    assert final["usage"]["input_tokens_details"]["cached_tokens"] > 0  # same prompt prefix as the first request
+
+
+def test_cancelling_a_background_response_aborts_the_tensorrt_llm_request(
+    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path
+) -> None:
+    long = "<|channel|>final<|message|>" + " word" * 500 + "<|return|>"
+    folder = model_folder(tmp_path, [long], step_seconds="0.02")
+    client = client_for(trtllm_server(serve, vocab, folder))
+    job = client.responses.create(model=MODEL, input="long", background=True)
+    time.sleep(0.3)
+    assert client.responses.cancel(job.id).status == "cancelled"
+    assert any(e["event"] == "abort" for e in events(folder))
+    assert client.responses.retrieve(job.id).status == "cancelled"

@@ -1,0 +1,154 @@
+"""Item events → the output items of a response, and the streamed events that build them, from one fold.
+
+Per item, the events come in the order the openai SDK's `responses.stream()` checks: `output_item.added`, then
+for reasoning and messages `content_part.added`, text deltas, the text's `.done`, `content_part.done`; for a
+function call its arguments' deltas and `.done`; then `output_item.done`. Ids and output indexes are the ones
+the final response object holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from parsers.events import Event, ItemDone, ItemKind, ItemStarted
+
+Payload = dict[str, Any]
+
+
+class _Item:
+    __slots__ = ("index", "body", "kind", "pieces")
+
+    def __init__(self, index: int, body: dict[str, Any], kind: ItemKind) -> None:
+        self.index, self.body, self.kind, self.pieces = index, body, kind, []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+class ResponseOutput:
+    def __init__(
+        self,
+        new_id: Callable[[str], str],
+        max_tool_calls: int | None = None,
+        reasoning_summaries: bool = False,
+        reasoning_event: str = "response.reasoning_text",
+    ) -> None:
+        self._new_id = new_id
+        self._max_tool_calls = max_tool_calls
+        self._summaries = reasoning_summaries  # also send the reasoning as summary events (LangChain, AI SDK)
+        self._reasoning_event = reasoning_event  # OpenAI SDK's name, or the Open Responses spec's response.reasoning
+        self._items: list[_Item] = []
+        self._open: _Item | None = None  # None also while a call past max_tool_calls is skipped
+        self.tool_calls = 0
+
+    def add(self, events: Iterable[Event]) -> list[Payload]:
+        payloads: list[Payload] = []
+        for event in events:
+            if type(event) is str:
+                if self._open is not None:
+                    self._open.pieces.append(event)
+                    payloads += self._delta(self._open, event)
+            elif isinstance(event, ItemStarted):
+                payloads += self._start(event)
+            elif isinstance(event, ItemDone) and self._open is not None:
+                payloads += self._finish(self._open, "completed" if event.complete else "incomplete")
+        return payloads
+
+    def close_open(self) -> list[Payload]:
+        """The generation failed: end the open item, incomplete."""
+        return self._finish(self._open, "incomplete") if self._open is not None else []
+
+    def items(self) -> list[dict[str, Any]]:
+        """The output items as they stand (an open item with its text so far)."""
+        return [self._body(item, item.body.get("status", "in_progress")) for item in self._items]
+
+    # -- one item ----------------------------------------------------------------------------------
+
+    def _start(self, event: ItemStarted) -> list[Payload]:
+        kind = event.kind
+        if kind is ItemKind.TOOL_CALL:
+            if self._max_tool_calls is not None and self.tool_calls >= self._max_tool_calls:
+                return []
+            self.tool_calls += 1
+            body = {"id": self._new_id("fc_"), "type": "function_call", "status": "in_progress",
+                    "call_id": self._new_id("call_"), "name": event.name or "", "arguments": ""}
+        elif kind is ItemKind.REASONING:
+            body = {"id": self._new_id("rs_"), "type": "reasoning", "status": "in_progress", "summary": [],
+                    "content": []}
+        else:
+            body = {"id": self._new_id("msg_"), "type": "message", "status": "in_progress", "role": "assistant",
+                    "phase": "commentary" if kind is ItemKind.PREAMBLE else "final_answer", "content": []}
+        item = _Item(len(self._items), body, kind)
+        self._items.append(item)
+        self._open = item
+        where = {"item_id": body["id"], "output_index": item.index}
+        payloads: list[Payload] = [{"type": "response.output_item.added", "output_index": item.index,
+                                    "item": dict(body)}]
+        if kind is ItemKind.REASONING:
+            payloads.append({"type": "response.content_part.added", **where, "content_index": 0,
+                             "part": _part(kind, "")})
+            if self._summaries:
+                payloads.append({"type": "response.reasoning_summary_part.added", **where, "summary_index": 0,
+                                 "part": {"type": "summary_text", "text": ""}})
+        elif kind is not ItemKind.TOOL_CALL:
+            payloads.append({"type": "response.content_part.added", **where, "content_index": 0,
+                             "part": _part(kind, "")})
+        return payloads
+
+    def _delta(self, item: _Item, text: str) -> list[Payload]:
+        where = {"item_id": item.body["id"], "output_index": item.index}
+        if item.kind is ItemKind.TOOL_CALL:
+            return [{"type": "response.function_call_arguments.delta", **where, "delta": text}]
+        if item.kind is ItemKind.REASONING:
+            payloads = [{"type": f"{self._reasoning_event}.delta", **where, "content_index": 0, "delta": text}]
+            if self._summaries:
+                payloads.append({"type": "response.reasoning_summary_text.delta", **where, "summary_index": 0,
+                                 "delta": text})
+            return payloads
+        return [{"type": "response.output_text.delta", **where, "content_index": 0, "delta": text, "logprobs": []}]
+
+    def _finish(self, item: _Item, status: str) -> list[Payload]:
+        self._open = None
+        item.body["status"] = status
+        body = self._body(item, status)
+        where = {"item_id": body["id"], "output_index": item.index}
+        text = item.text
+        if item.kind is ItemKind.TOOL_CALL:
+            payloads = [{"type": "response.function_call_arguments.done", **where, "name": body["name"],
+                         "arguments": text}]
+        elif item.kind is ItemKind.REASONING:
+            payloads = [{"type": f"{self._reasoning_event}.done", **where, "content_index": 0, "text": text},
+                        {"type": "response.content_part.done", **where, "content_index": 0,
+                         "part": _part(item.kind, text)}]
+            if self._summaries:
+                payloads += [{"type": "response.reasoning_summary_text.done", **where, "summary_index": 0,
+                              "text": text},
+                             {"type": "response.reasoning_summary_part.done", **where, "summary_index": 0,
+                              "part": {"type": "summary_text", "text": text}}]
+        else:
+            payloads = [{"type": "response.output_text.done", **where, "content_index": 0, "text": text,
+                         "logprobs": []},
+                        {"type": "response.content_part.done", **where, "content_index": 0,
+                         "part": _part(item.kind, text)}]
+        payloads.append({"type": "response.output_item.done", "output_index": item.index, "item": body})
+        return payloads
+
+    def _body(self, item: _Item, status: str) -> dict[str, Any]:
+        text = item.text
+        body = {**item.body, "status": status}
+        if item.kind is ItemKind.TOOL_CALL:
+            body["arguments"] = text
+        elif item.kind is ItemKind.REASONING:
+            body["content"] = [_part(item.kind, text)]
+            body["summary"] = [{"type": "summary_text", "text": text}] if self._summaries else []
+        else:
+            body["content"] = [_part(item.kind, text)]
+        return body
+
+
+def _part(kind: ItemKind, text: str) -> dict[str, Any]:
+    if kind is ItemKind.REASONING:
+        return {"type": "reasoning_text", "text": text}
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}

@@ -1,0 +1,241 @@
+"""A Responses request body, checked, and its input items translated into the conversation we render.
+
+Input items are normalized as OpenAI lists them back (`GET .../input_items`): every item gets an id and a type,
+string content becomes text parts. The conversation is the stored history of `previous_response_id` (its
+inputs and outputs, chain included), then the new input; only the new request's `instructions` apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from parsers.conversation import (
+    AssistantMessage,
+    Instructions,
+    Item,
+    Prompt,
+    Reasoning,
+    ResponseFormat,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from proxy.engines.base import OutputConstraint
+from proxy.errors import APIError, invalid_request
+from proxy.ids import new_id
+from proxy.options import GenerationOptions, reasoning_effort
+from proxy.responses.schema import ITEMS, RESPONSES_REQUEST, UNSUPPORTED
+from proxy.responses.store import ResponseStore
+from proxy.validation import check, compile_schema
+from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice, check_unique, make_tool
+
+_REQUEST = compile_schema(RESPONSES_REQUEST)
+_ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
+_ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_"}
+_TEXT_PARTS = {"input_text", "output_text", "text"}
+
+
+@dataclass
+class ResponsesRequest:
+    body: dict[str, Any]  # as sent, checked; echoed in the response object
+    model: str
+    input_items: list[dict[str, Any]]  # normalized; item references still to resolve
+    tools: list[FunctionTool]
+    tool_choice: ToolChoice
+    effort: str
+    response_format: ResponseFormat | None
+    options: GenerationOptions
+    max_tool_calls: int | None  # 1 when parallel_tool_calls is false
+    store: bool
+    stream: bool
+    background: bool
+
+    def constraint(self) -> OutputConstraint:
+        offered = () if self.tool_choice.mode == "none" else tuple(self.tools)
+        return OutputConstraint(offered, self.tool_choice, self.response_format)
+
+
+def parse_responses_request(body: dict[str, Any], default_effort: str, default_model: str) -> ResponsesRequest:
+    for name, reason in UNSUPPORTED.items():
+        if body.get(name) is not None:
+            raise invalid_request(f"`{name}` is not supported: {reason}.", param=name, code="unsupported_parameter")
+    for position, tool in enumerate(body.get("tools") or []):
+        if isinstance(tool, dict) and tool.get("type") != "function":
+            raise invalid_request(f"Tool type {tool.get('type')!r} is not supported: declare function tools only.",
+                                  param=f"tools[{position}].type", code="invalid_value")
+    check(body, _REQUEST)
+    store, background = body.get("store") is not False, bool(body.get("background"))
+    if background and not store:
+        raise invalid_request("`background` responses must be stored: send `store: true`.", param="background")
+    if background and body.get("stream"):
+        raise invalid_request("Background responses are not streamed here: poll GET /v1/responses/{id} instead.",
+                              param="stream", code="unsupported_parameter")
+    raw_input = body.get("input")
+    items = [_normalize(item, position) for position, item in enumerate(_input_list(raw_input))]
+    try:
+        tools = [make_tool(t["name"], t.get("description"), t.get("parameters"), t.get("strict"), f"tools[{i}]")
+                 for i, t in enumerate(body.get("tools") or [])]
+        check_unique(tools, "tools")
+        choice = _tool_choice(body.get("tool_choice"))
+        check_choice(choice, tools, "tool_choice")
+    except ToolError as exc:
+        raise invalid_request(str(exc), param=exc.param) from None
+    reasoning = body.get("reasoning") or {}
+    max_tool_calls = body.get("max_tool_calls")
+    if body.get("parallel_tool_calls") is False:
+        max_tool_calls = 1
+    return ResponsesRequest(
+        body=body,
+        model=body.get("model") or default_model,
+        input_items=items,
+        tools=tools,
+        tool_choice=choice,
+        effort=reasoning_effort(default_effort, ("reasoning.effort", reasoning.get("effort"))),
+        response_format=_response_format((body.get("text") or {}).get("format")),
+        options=GenerationOptions(max_tokens=body.get("max_output_tokens"), temperature=body.get("temperature"),
+                                  top_p=body.get("top_p")),
+        max_tool_calls=max_tool_calls,
+        store=store,
+        stream=bool(body.get("stream")),
+        background=background,
+    )
+
+
+async def resolve(request: ResponsesRequest, store: ResponseStore | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(history, input items) with `previous_response_id` and item references looked up in the store."""
+    previous = request.body.get("previous_response_id")
+    history: list[dict[str, Any]] = []
+    if previous:
+        found = await store.history(previous) if store is not None else None
+        if found is None:
+            raise APIError(404, f"Previous response with id '{previous}' not found.", param="previous_response_id",
+                           code="previous_response_not_found")
+        history = found
+    references = [item["id"] for item in request.input_items if item["type"] == "item_reference"]
+    stored = await store.items(references) if store is not None and references else {}
+    resolved = []
+    for position, item in enumerate(request.input_items):
+        if item["type"] == "item_reference":
+            if item["id"] not in stored:
+                raise APIError(404, f"Item with id '{item['id']}' not found.", param=f"input[{position}].id",
+                               code="item_not_found")
+            item = stored[item["id"]]
+        resolved.append(item)
+    return history, resolved
+
+
+def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]]) -> Prompt:
+    conversation: list[Item] = []
+    if request.body.get("instructions"):
+        conversation.append(Instructions(request.body["instructions"]))  # earlier instructions are not carried over
+    conversation += _conversation(history + items, first_input=len(history))
+    if not any(not isinstance(item, Instructions) for item in conversation):
+        raise invalid_request("The conversation is empty: send `input`.", param="input")
+    offered = [] if request.tool_choice.mode == "none" else request.tools
+    return Prompt(conversation, offered, request.effort, request.response_format)
+
+
+def _input_list(raw: Any) -> list[Any]:
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return [{"type": "message", "role": "user", "content": raw}]
+    return raw
+
+
+def _normalize(item: dict[str, Any], position: int) -> dict[str, Any]:
+    where = f"input[{position}]"
+    kind = item.get("type") or ("message" if "role" in item else "item_reference")
+    if kind not in _ITEM:
+        raise invalid_request(f"Input item type {kind!r} is not supported.", param=f"{where}.type", code="invalid_value")
+    check({**item, "type": kind}, _ITEM[kind], where)
+    item = {**item, "type": kind}
+    if kind == "item_reference":
+        return item
+    if kind == "message":
+        part = "output_text" if item["role"] == "assistant" else "input_text"
+        content = item["content"]
+        if isinstance(content, str):
+            content = [{"type": part, "text": content, **({"annotations": []} if part == "output_text" else {})}]
+        for index, piece in enumerate(content):
+            if piece["type"] not in _TEXT_PARTS and piece["type"] != "refusal":
+                raise invalid_request(f"Content part type {piece['type']!r} is not supported: gpt-oss takes text only.",
+                                      param=f"{where}.content[{index}]", code="unsupported_content")
+        item = {**item, "content": content, "status": item.get("status") or "completed"}
+    return {"id": item.get("id") or new_id(_ID_PREFIX[kind]), **item}
+
+
+def _conversation(items: list[dict[str, Any]], first_input: int) -> list[Item]:
+    conversation: list[Item] = []
+    call_names: dict[str, str] = {}
+    for position, item in enumerate(items):
+        where = f"input[{position - first_input}]" if position >= first_input else "previous_response_id"
+        kind = item["type"]
+        if kind == "message":
+            text = "\n".join(part.get("text") or part.get("refusal") or "" for part in item["content"])
+            role = item["role"]
+            if role == "user":
+                conversation.append(UserMessage(text))
+            elif role in ("system", "developer"):
+                conversation.append(Instructions(text))
+            elif text:
+                conversation.append(AssistantMessage(text, preamble=_is_preamble(items, position)))
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            text = "\n\n".join(part["text"] for part in parts if part.get("text"))
+            if text:
+                conversation.append(Reasoning(text))
+        elif kind == "function_call":
+            try:
+                make_tool(item["name"], None, None, None, where)
+            except ToolError as exc:
+                raise invalid_request(str(exc), param=exc.param) from None
+            call_names[item["call_id"]] = item["name"]
+            conversation.append(ToolCall(item["call_id"], item["name"], item["arguments"]))
+        elif kind == "function_call_output":
+            name = call_names.get(item["call_id"])
+            if name is None:
+                raise invalid_request(f"No function call with call_id {item['call_id']!r} precedes this output.",
+                                      param=f"{where}.call_id")
+            conversation.append(ToolResult(item["call_id"], name, _output_text(item["output"], where)))
+    return conversation
+
+
+def _is_preamble(items: list[dict[str, Any]], position: int) -> bool:
+    """An assistant message is a commentary preamble when it says so, or when a function call follows it."""
+    phase = items[position].get("phase")
+    if phase is not None:
+        return phase == "commentary"
+    for later in items[position + 1 :]:
+        if later["type"] != "reasoning":
+            return later["type"] == "function_call"
+    return False
+
+
+def _output_text(output: Any, where: str) -> str:
+    if isinstance(output, str):
+        return output
+    for index, part in enumerate(output):
+        if part["type"] not in _TEXT_PARTS:
+            raise invalid_request(f"Function output part type {part['type']!r} is not supported: text only.",
+                                  param=f"{where}.output[{index}]", code="unsupported_content")
+    return "\n".join(part.get("text", "") for part in output)
+
+
+def _tool_choice(value: Any) -> ToolChoice:
+    if value is None:
+        return ToolChoice("auto")
+    if isinstance(value, str):
+        return ToolChoice(value)
+    return ToolChoice("function", value["name"])
+
+
+def _response_format(value: dict[str, Any] | None) -> ResponseFormat | None:
+    if value is None or value["type"] == "text":
+        return None
+    if value["type"] == "json_object":
+        return ResponseFormat("json_object", {"type": "object"}, "Respond with a JSON object.")
+    if "name" not in value or "schema" not in value:
+        raise invalid_request("A json_schema format needs `name` and `schema`.", param="text.format")
+    return ResponseFormat(value["name"], value["schema"], value.get("description") or "")

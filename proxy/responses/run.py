@@ -1,0 +1,118 @@
+"""One response being generated: its lifecycle events and its response object, streamed or not.
+
+`ResponseRun.events()` yields every streaming event payload, `response.created` first and the terminal event
+(`response.completed`, `.incomplete` or `.failed`) last; a non-streamed or background response consumes the
+same events, so all three give the same response object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from parsers.events import Event
+from proxy.disconnect import close_shielded
+from proxy.engines.base import EngineError
+from proxy.generation import Outcome
+from proxy.responses.output import Payload, ResponseOutput
+from proxy.responses.request import ResponsesRequest
+from proxy.responses.resource import response_object
+from proxy.responses.store import StoredResponse
+
+_TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
+
+
+class ResponseRun:
+    def __init__(
+        self,
+        response_id: str,
+        request: ResponsesRequest,
+        input_items: list[dict[str, Any]],
+        output: ResponseOutput,
+        outcome: Outcome,
+        events: AsyncGenerator[list[Event], None],
+        stored: bool,
+    ) -> None:
+        self.id = response_id
+        self.request = request
+        self.input_items = input_items
+        self.created_at = int(time.time())
+        self._output = output
+        self._outcome = outcome
+        self._events = events
+        self._stored = stored
+        self._first: list[Event] | None = None
+        self._status = "queued" if request.background else "in_progress"
+        self._error: dict[str, str] | None = None
+        self._completed_at: int | None = None
+
+    async def start(self) -> None:
+        """Wait for the engine's first step, so a request the engine refuses fails before anything is sent."""
+        try:
+            self._first = await anext(self._events)
+        except BaseException:
+            await close_shielded(self._events)
+            raise
+
+    async def events(self) -> AsyncGenerator[Payload, None]:
+        self._status = "in_progress"
+        yield {"type": "response.created", "response": self.resource()}
+        yield {"type": "response.in_progress", "response": self.resource()}
+        try:
+            if self._first is None:
+                await self.start()
+            for payload in self._output.add(self._first or []):
+                yield payload
+            async for batch in self._events:
+                for payload in self._output.add(batch):
+                    yield payload
+            self._settle(self._outcome.finish_reason)
+        except EngineError as exc:
+            for payload in self._output.close_open():
+                yield payload
+            self._fail(exc.code or "server_error", exc.message)
+        except asyncio.CancelledError:
+            self._status = "cancelled"
+            raise
+        finally:
+            await close_shielded(self._events)
+        self._completed_at = int(time.time())
+        yield {"type": _TERMINAL.get(self._status, "response.failed"), "response": self.resource()}
+
+    def resource(self) -> dict[str, Any]:
+        finished = self._status not in ("queued", "in_progress")
+        return response_object(
+            self.request,
+            self.id,
+            self.created_at,
+            self._status,
+            self._output.items(),
+            stored=self._stored,
+            usage=self._outcome.usage if finished else None,
+            reasoning_tokens=self._outcome.reasoning_tokens,
+            error=self._error,
+            completed_at=self._completed_at,
+        )
+
+    def record(self) -> StoredResponse:
+        return StoredResponse(self.resource(), self.input_items)
+
+    def cancel(self) -> None:
+        self._status = "cancelled"
+        self._completed_at = int(time.time())
+
+    def _settle(self, finish_reason: str | None) -> None:
+        if finish_reason == "stop":
+            self._status = "completed"
+        elif finish_reason == "length":
+            self._status = "incomplete"  # incomplete_details.reason: max_output_tokens
+        elif finish_reason == "cancelled":  # by the engine, not by a cancel request
+            self._fail("engine_cancelled", "The engine cancelled the request before it finished.")
+        else:
+            self._fail("server_error", "The engine failed while generating.")
+
+    def _fail(self, code: str, message: str) -> None:
+        self._status = "failed"
+        self._error = {"code": code, "message": message}
