@@ -13,7 +13,9 @@ from starlette.routing import Route
 
 from proxy.chat.routes import chat_completions, tokenize
 from proxy.completions import completions
-from proxy.errors import APIError, api_error_handler, http_error_handler, unexpected_error_handler
+from proxy.disconnect import ClientDisconnected, client_gone_handler
+from proxy.engines.base import EngineError
+from proxy.errors import APIError, api_error_handler, engine_error_handler, http_error_handler, unexpected_error_handler
 from proxy.responses.routes import (
     cancel_response,
     create_response,
@@ -65,6 +67,8 @@ def create_app(
         ],
         exception_handlers={
             APIError: api_error_handler,
+            EngineError: engine_error_handler,
+            ClientDisconnected: client_gone_handler,
             HTTPException: http_error_handler,
             Exception: unexpected_error_handler,
         },

@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from parsers.detokenize import Detokenizer
-from proxy.disconnect import ClientDisconnected, close_shielded, unless_disconnected
+from proxy.disconnect import close_shielded, unless_disconnected
 from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint, SamplingParams, Step
-from proxy.errors import APIError, invalid_request
+from proxy.errors import APIError, from_engine, invalid_request
 from proxy.generation import Outcome, tracked_steps
 from proxy.ids import new_id
 from proxy.sse import DONE, data_frame, event_stream
@@ -88,19 +88,12 @@ async def completions(request: Request) -> Response:
     try:
         first = await unless_disconnected(request, anext(steps))
         if body.get("stream"):
-            return event_stream(_frames(first, steps, completion, outcome, body))
+            return event_stream(_frames(first, steps, completion, outcome, body))  # it closes `steps`
         completion.add(first)
         await unless_disconnected(request, _fold(steps, completion))
-    except ClientDisconnected:
-        await close_shielded(steps)
-        return Response(status_code=499)
-    except EngineError as exc:
-        await close_shielded(steps)
-        raise APIError(exc.status, exc.message, code=exc.code) from None
-    except BaseException:
-        await close_shielded(steps)
-        raise
-    await close_shielded(steps)
+    finally:
+        if not body.get("stream"):
+            await close_shielded(steps)  # a stop string may have ended the text early: stop the engine too
     completion.close()
     if outcome.finish_reason in ("cancelled", "error") and not completion.stopped:
         raise APIError(503, "The engine did not finish the request.", code="engine_cancelled")
@@ -232,7 +225,7 @@ async def _frames(
             if options.get("include_usage"):
                 yield data_frame(json.dumps({**head, "choices": [], "usage": _usage(outcome)}))
     except EngineError as exc:
-        yield data_frame(json.dumps(APIError(exc.status, exc.message, code=exc.code).body()))
+        yield data_frame(json.dumps(from_engine(exc).body()))
     finally:
         await close_shielded(steps)
     yield DONE

@@ -9,6 +9,7 @@ from typing import TypeVar
 
 import anyio
 from starlette.requests import Request
+from starlette.responses import Response
 
 T = TypeVar("T")
 
@@ -34,6 +35,10 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     raise ClientDisconnected()
+
+
+async def client_gone_handler(request: Request, exc: Exception) -> Response:
+    return Response(status_code=499)  # nobody reads it; the status tells the access log the client left
 
 
 async def close_shielded(generator: AsyncGenerator[object, None]) -> None:

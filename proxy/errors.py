@@ -13,6 +13,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from proxy.engines.base import EngineError
+
 logger = logging.getLogger("harmony_proxy")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
@@ -48,6 +50,10 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
     return APIError(400, message, param=param, code=code)
 
 
+def from_engine(exc: EngineError) -> APIError:
+    return APIError(exc.status, exc.message, code=exc.code)
+
+
 def model_not_found(model: Any) -> APIError:
     return APIError(
         404,
@@ -71,6 +77,11 @@ def _default_type(status: int) -> str:
 async def api_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
     return exc.response()
+
+
+async def engine_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, EngineError)
+    return from_engine(exc).response()
 
 
 async def http_error_handler(request: Request, exc: Exception) -> Response:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from parsers.conversation import ResponseFormat
 from parsers.vocab import Vocab
 from proxy.engines.base import GenerationRequest, OutputConstraint, SamplingParams
 from proxy.errors import invalid_request
@@ -18,6 +20,17 @@ class GenerationOptions:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()  # stop strings, matched against the visible answer text
+
+
+def response_format(kind: str, json_schema: dict[str, Any] | None, param: str) -> ResponseFormat | None:
+    """The structured-output format of `response_format` (chat) or `text.format` (Responses); None for text."""
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat("json_object", {"type": "object"}, "Respond with a JSON object.")
+    if not json_schema or "name" not in json_schema or "schema" not in json_schema:
+        raise invalid_request("A json_schema format needs a `name` and a `schema`.", param=param)
+    return ResponseFormat(json_schema["name"], json_schema["schema"], json_schema.get("description") or "")
 
 
 def reasoning_effort(default: str, *sources: tuple[str, str | None]) -> str:

@@ -30,6 +30,25 @@ async def read_json_object(request: Request) -> dict[str, Any]:
     return data
 
 
+def refuse_unsupported(body: dict[str, Any], unsupported: dict[str, str]) -> None:
+    """A 400 saying why for any field the API documents but this server cannot honour."""
+    for name, reason in unsupported.items():
+        if body.get(name) is not None:
+            raise invalid_request(f"`{name}` is not supported: {reason}.", param=name, code="unsupported_parameter")
+
+
+def check_tool_types(tools: Any) -> None:
+    """Only function tools: another type is a 400 naming it (before the schema, whose message would be vaguer)."""
+    for position, tool in enumerate(tools if isinstance(tools, list) else []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise invalid_request(
+                f"Tool type {kind!r} is not supported: declare function tools only.",
+                param=f"tools[{position}].type",
+                code="invalid_value",
+            )
+
+
 def compile_schema(schema: dict[str, Any]) -> jsonschema.Validator:
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)

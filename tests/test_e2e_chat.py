@@ -8,7 +8,6 @@ from typing import Any
 
 import jsonschema
 import openai
-import pytest
 
 from tests.conftest import MODEL, LiveServer
 

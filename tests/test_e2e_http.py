@@ -16,7 +16,7 @@ from proxy.engines.base import EngineError
 from proxy.engines.scripted import scripted_engine
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Cached, Failing, Recording, SlowStart, Unhealthy
-from tests.test_e2e_chat import ANSWER, CALL, WEATHER, client_for
+from tests.test_e2e_chat import ANSWER, WEATHER, client_for
 
 ASK = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}]}
 

@@ -20,7 +20,6 @@ from tests.conftest import MODEL, LiveServer
 from tests.engines import Failing, Recording
 from tests.open_responses import validate_event, validate_resource
 from tests.test_e2e_chat import ANSWER, CALL, client_for
-from tests.test_e2e_http import sse_payloads
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather for a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

@@ -21,7 +21,6 @@ from parsers.conversation import (
     Item,
     Prompt,
     Reasoning,
-    ResponseFormat,
     ToolCall,
     ToolResult,
     UserMessage,
@@ -30,7 +29,8 @@ from proxy.chat.schema import CHAT_REQUEST, MESSAGES, NEUTRAL, UNSUPPORTED
 from proxy.engines.base import OutputConstraint
 from proxy.errors import invalid_request
 from proxy.options import GenerationOptions, reasoning_effort
-from proxy.validation import check, compile_schema
+from proxy.options import response_format as _format
+from proxy.validation import check, check_tool_types, compile_schema, refuse_unsupported
 from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice, check_unique, make_tool
 
 _REQUEST = compile_schema(CHAT_REQUEST)
@@ -49,10 +49,8 @@ class ChatRequest:
 
 
 def parse_chat_request(body: dict[str, Any], default_effort: str) -> ChatRequest:
-    for name, reason in UNSUPPORTED.items():
-        if body.get(name) is not None:
-            raise invalid_request(f"`{name}` is not supported: {reason}.", param=name, code="unsupported_parameter")
-    _check_tool_types(body.get("tools"))
+    refuse_unsupported(body, UNSUPPORTED)
+    check_tool_types(body.get("tools"))
     check(body, _REQUEST)
     for position, message in enumerate(body["messages"]):
         check(message, _MESSAGE[message["role"]], f"messages[{position}]")
@@ -77,7 +75,9 @@ def parse_chat_request(body: dict[str, Any], default_effort: str) -> ChatRequest
     except ToolError as exc:
         raise invalid_request(str(exc), param=exc.param) from None
 
-    response_format = _response_format(body.get("response_format"))
+    requested_format = body.get("response_format") or {"type": "text"}
+    response_format = _format(requested_format["type"], requested_format.get("json_schema"),
+                              "response_format.json_schema")
     offered = [] if choice.mode == "none" else tools
     effort = reasoning_effort(
         default_effort,
@@ -105,19 +105,6 @@ def parse_chat_request(body: dict[str, Any], default_effort: str) -> ChatRequest
     )
 
 
-def _check_tool_types(tools: Any) -> None:
-    if not isinstance(tools, list):
-        return  # the schema reports it
-    for position, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
-            raise invalid_request(
-                f"Tool type {kind!r} is not supported: declare function tools only.",
-                param=f"tools[{position}].type",
-                code="invalid_value",
-            )
-
-
 def _max_tokens(body: dict[str, Any]) -> int | None:
     legacy, current = body.get("max_tokens"), body.get("max_completion_tokens")
     if legacy is not None and current is not None and legacy != current:
@@ -133,18 +120,6 @@ def _tool_choice(value: Any, tools: list[FunctionTool]) -> ToolChoice:
     if isinstance(value, str):
         return ToolChoice(value)
     return ToolChoice("function", value["function"]["name"])
-
-
-def _response_format(value: Any) -> ResponseFormat | None:
-    if value is None or value["type"] == "text":
-        return None
-    if value["type"] == "json_object":
-        return ResponseFormat("json_object", {"type": "object"}, "Respond with a JSON object.")
-    spec = value.get("json_schema")
-    if spec is None:
-        raise invalid_request("`response_format.json_schema` is required for type json_schema.",
-                              param="response_format.json_schema")
-    return ResponseFormat(spec["name"], spec.get("schema") or {}, spec.get("description", ""))
 
 
 def _text(content: Any) -> str:

@@ -11,9 +11,9 @@ from starlette.responses import JSONResponse, Response
 from parsers.events import Event
 from proxy.chat.request import ChatRequest, parse_chat_request
 from proxy.chat.response import ChatTurn, ChunkWriter, usage_body
-from proxy.disconnect import ClientDisconnected, close_shielded, unless_disconnected
+from proxy.disconnect import close_shielded, unless_disconnected
 from proxy.engines.base import EngineError
-from proxy.errors import APIError
+from proxy.errors import APIError, from_engine
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request
@@ -46,19 +46,12 @@ async def chat_completions(request: Request) -> Response:
         first = await unless_disconnected(request, anext(events))
         if chat.stream:
             writer = ChunkWriter(completion_id, int(time.time()), chat.model, chat.include_usage)
-            return event_stream(_frames(first, events, turn, outcome, writer, chat))
+            return event_stream(_frames(first, events, turn, outcome, writer, chat))  # it closes `events`
         turn.add(first)
         await unless_disconnected(request, _fold(events, turn))
-    except ClientDisconnected:
-        await close_shielded(events)
-        return Response(status_code=499)
-    except EngineError as exc:
-        await close_shielded(events)
-        raise _engine_error(exc) from None
-    except BaseException:
-        await close_shielded(events)
-        raise
-    await close_shielded(events)  # a stop string may have ended the turn: stop the engine too
+    finally:
+        if not chat.stream:
+            await close_shielded(events)  # a stop string may have ended the turn early: stop the engine too
     turn.close()
     failure = _failure(outcome, turn)
     if failure is not None:
@@ -126,7 +119,7 @@ async def _frames(
                 yield data_frame(writer.usage(usage_body(outcome.usage, outcome.reasoning_tokens)))
     except EngineError as exc:
         # Headers are sent: the error goes in the stream, where the openai SDK and LiteLLM raise it.
-        yield data_frame(json.dumps(_engine_error(exc).body()))
+        yield data_frame(json.dumps(from_engine(exc).body()))
     finally:
         await close_shielded(events)
     yield DONE
@@ -139,8 +132,4 @@ def _failure(outcome: Outcome, turn: ChatTurn) -> APIError | None:
     if outcome.finish_reason == "cancelled":
         return APIError(503, "The engine cancelled the request before it finished.", code="engine_cancelled")
     return APIError(500, "The engine failed while generating.", type="server_error", code="engine_error")
-
-
-def _engine_error(exc: EngineError) -> APIError:
-    return APIError(exc.status, exc.message, code=exc.code)
 

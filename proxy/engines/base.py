@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from parsers.conversation import ResponseFormat
 from tools.definitions import FunctionTool, ToolChoice
@@ -31,6 +31,20 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     min_tokens: int = 0  # stop tokens do not end generation before this many tokens
     ignore_eos: bool = False  # generate until max_tokens: stop tokens do not end generation
+
+    def request_fields(self) -> dict[str, Any]:
+        """These limits under the names vLLM, TensorRT-LLM and OpenAI-style servers share; unset ones left out."""
+        fields: dict[str, Any] = {"max_tokens": self.max_tokens}
+        if self.ignore_eos:
+            fields["ignore_eos"] = True  # and no stop tokens: generate exactly max_tokens (benchmarks)
+        else:
+            fields["stop_token_ids"] = list(self.stop_token_ids)
+        for name in ("temperature", "top_p", "seed"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        if self.min_tokens:
+            fields["min_tokens"] = self.min_tokens
+        return fields
 
 
 @dataclass(frozen=True)

@@ -119,22 +119,11 @@ class TrtllmEngine:
             raise EngineError(f"The TensorRT-LLM engine is not serving: {exc}", status=503) from exc
 
     def _sampling(self, sampling: SamplingParams) -> Any:
-        options: dict[str, Any] = {
-            "max_tokens": sampling.max_tokens,  # always set: TensorRT-LLM's default is 32
-            "detokenize": False,  # we parse token ids; text would be wasted work
-            # Keep <|call|> in token_ids: without it the parser cannot tell a finished tool call.
-            "include_stop_str_in_output": True,
-        }
-        if sampling.ignore_eos:
-            options["ignore_eos"] = True  # and no stop tokens: generate exactly max_tokens (benchmarks)
-        else:
-            options["stop_token_ids"] = list(sampling.stop_token_ids)
-        for name in ("temperature", "top_p", "seed"):
-            if getattr(sampling, name) is not None:
-                options[name] = getattr(sampling, name)
-        if sampling.min_tokens:
-            options["min_tokens"] = sampling.min_tokens
-        return self._sampling_params(**options)
+        return self._sampling_params(
+            **sampling.request_fields(),  # max_tokens always set: TensorRT-LLM's default is 32
+            detokenize=False,  # we parse token ids; text would be wasted work
+            include_stop_str_in_output=True,  # keep <|call|>: without it a finished tool call cannot be told
+        )
 
     def _restored_stop(self, completion: Any, reason: FinishReason) -> list[int]:
         """The Harmony stop token that ended a `stop` finish, when TensorRT-LLM left it out of token_ids."""

@@ -110,25 +110,14 @@ class UpstreamEngine:
             await response.aclose()  # closing the stream is how the upstream learns to abort the request
 
     def _body(self, request: GenerationRequest) -> dict[str, Any]:
-        sampling = request.sampling
-        body: dict[str, Any] = {
+        return {
             "model": self._model,
             "prompt": request.prompt_token_ids,
-            "max_tokens": sampling.max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
+            **request.sampling.request_fields(),
             **self._fields,
         }
-        if sampling.ignore_eos:
-            body["ignore_eos"] = True
-        else:
-            body["stop_token_ids"] = list(sampling.stop_token_ids)
-        for name in ("temperature", "top_p", "seed"):
-            if getattr(sampling, name) is not None:
-                body[name] = getattr(sampling, name)
-        if sampling.min_tokens:
-            body["min_tokens"] = sampling.min_tokens
-        return body
 
     async def _open(self, body: dict[str, Any]) -> tuple[httpx.Response, str]:
         """Send to the next upstream in turn; fail over to the others while nothing has been received."""

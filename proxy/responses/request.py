@@ -25,9 +25,10 @@ from proxy.engines.base import OutputConstraint
 from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
 from proxy.options import GenerationOptions, reasoning_effort
+from proxy.options import response_format as _format
 from proxy.responses.schema import ITEMS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.store import ResponseStore
-from proxy.validation import check, compile_schema
+from proxy.validation import check, check_tool_types, compile_schema, refuse_unsupported
 from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice, check_unique, make_tool
 
 _REQUEST = compile_schema(RESPONSES_REQUEST)
@@ -57,13 +58,8 @@ class ResponsesRequest:
 
 
 def parse_responses_request(body: dict[str, Any], default_effort: str, default_model: str) -> ResponsesRequest:
-    for name, reason in UNSUPPORTED.items():
-        if body.get(name) is not None:
-            raise invalid_request(f"`{name}` is not supported: {reason}.", param=name, code="unsupported_parameter")
-    for position, tool in enumerate(body.get("tools") or []):
-        if isinstance(tool, dict) and tool.get("type") != "function":
-            raise invalid_request(f"Tool type {tool.get('type')!r} is not supported: declare function tools only.",
-                                  param=f"tools[{position}].type", code="invalid_value")
+    refuse_unsupported(body, UNSUPPORTED)
+    check_tool_types(body.get("tools"))
     check(body, _REQUEST)
     store, background = body.get("store") is not False, bool(body.get("background"))
     if background and not store:
@@ -82,6 +78,7 @@ def parse_responses_request(body: dict[str, Any], default_effort: str, default_m
     except ToolError as exc:
         raise invalid_request(str(exc), param=exc.param) from None
     reasoning = body.get("reasoning") or {}
+    text_format = (body.get("text") or {}).get("format") or {"type": "text"}
     max_tool_calls = body.get("max_tool_calls")
     if body.get("parallel_tool_calls") is False:
         max_tool_calls = 1
@@ -92,7 +89,7 @@ def parse_responses_request(body: dict[str, Any], default_effort: str, default_m
         tools=tools,
         tool_choice=choice,
         effort=reasoning_effort(default_effort, ("reasoning.effort", reasoning.get("effort"))),
-        response_format=_response_format((body.get("text") or {}).get("format")),
+        response_format=_format(text_format["type"], text_format, "text.format"),
         options=GenerationOptions(max_tokens=body.get("max_output_tokens"), temperature=body.get("temperature"),
                                   top_p=body.get("top_p")),
         max_tool_calls=max_tool_calls,
@@ -230,12 +227,3 @@ def _tool_choice(value: Any) -> ToolChoice:
         return ToolChoice(value)
     return ToolChoice("function", value["name"])
 
-
-def _response_format(value: dict[str, Any] | None) -> ResponseFormat | None:
-    if value is None or value["type"] == "text":
-        return None
-    if value["type"] == "json_object":
-        return ResponseFormat("json_object", {"type": "object"}, "Respond with a JSON object.")
-    if "name" not in value or "schema" not in value:
-        raise invalid_request("A json_schema format needs `name` and `schema`.", param="text.format")
-    return ResponseFormat(value["name"], value["schema"], value.get("description") or "")

@@ -9,8 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.disconnect import ClientDisconnected, unless_disconnected
-from proxy.engines.base import EngineError
+from proxy.disconnect import unless_disconnected
 from proxy.errors import APIError, invalid_request
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
@@ -58,15 +57,10 @@ async def create_response(request: Request) -> Response:
         await state.responses.save(run.record())  # queued; `background` requires store, checked above
         state.jobs.start(run)
         return JSONResponse(run.resource())
-    try:
-        await unless_disconnected(request, run.start())
-        if parsed.stream:
-            return event_stream(_frames(run, state))
-        final = await unless_disconnected(request, _complete(run))
-    except ClientDisconnected:
-        return Response(status_code=499)
-    except EngineError as exc:
-        raise APIError(exc.status, exc.message, code=exc.code) from None
+    await unless_disconnected(request, run.start())
+    if parsed.stream:
+        return event_stream(_frames(run, state))
+    final = await unless_disconnected(request, _complete(run))
     if stored:
         await state.responses.save(run.record())
     return JSONResponse(final)
