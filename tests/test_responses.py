@@ -292,3 +292,30 @@ def test_structured_output_format_reaches_the_prompt(serve: Callable[..., LiveSe
     validate_resource(body)
     assert body["text"]["format"] == text["format"]
     assert '# Response Formats\n\n## answer\n\n{"type":"object"' in vocab.decode(engine.requests[-1].prompt_token_ids)
+
+
+def test_replayed_item_ids_stay_with_their_own_response(serve: Callable[..., LiveServer]) -> None:
+    server = serve(completions=[ANSWER])
+    client = client_for(server)
+    first = client.responses.create(model=MODEL, input="hi")
+    replay = [item.model_dump(mode="json", exclude_none=True) for item in first.output]
+    second = client.responses.create(model=MODEL, input=[{"role": "user", "content": "hi"}, *replay,
+                                                          {"role": "user", "content": "again"}])
+    client.responses.delete(second.id)  # removes the second response's copy of the replayed items only
+    answer_id = first.output[1].id
+    third = client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": answer_id}])
+    assert third.status == "completed"
+    assert client.responses.retrieve(first.id).output[1].id == answer_id
+
+
+def test_shutdown_marks_running_background_responses_failed(
+    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    long = "<|channel|>final<|message|>" + " word" * 400 + "<|return|>"
+    server = serve(engine=scripted_engine(vocab, [long], token_delay=0.01), store_path=path)
+    job = client_for(server).responses.create(model=MODEL, input="long", background=True)
+    time.sleep(0.2)
+    server.stop()
+    after = client_for(serve(completions=[ANSWER], store_path=path)).responses.retrieve(job.id)
+    assert after.status == "failed" and after.error.code == "server_shutdown"

@@ -16,6 +16,7 @@ class BackgroundJobs:
     def __init__(self, store: ResponseStore) -> None:
         self._store = store
         self._running: dict[str, tuple[asyncio.Task[None], ResponseRun]] = {}
+        self._closing = False
 
     def start(self, run: ResponseRun) -> None:
         task = asyncio.create_task(self._generate(run), name=f"response {run.id}")
@@ -38,6 +39,8 @@ class BackgroundJobs:
         return run
 
     async def close(self) -> None:
+        """The server is stopping: running jobs end as failed (nobody cancelled them)."""
+        self._closing = True
         for response_id in list(self._running):
             await self.cancel(response_id)
 
@@ -47,8 +50,11 @@ class BackgroundJobs:
                 if payload["type"] == "response.output_item.done":
                     await self._store.save(run.record())  # GET shows the progress
         except asyncio.CancelledError:
-            run.cancel()
+            if self._closing:
+                run.interrupt("server_shutdown", "The server shut down before this response finished.")
+            else:
+                run.cancel()
         except Exception:
             logger.exception("background response %s failed", run.id)
-            run.cancel()
+            run.interrupt("server_error", "The server failed while generating this response.")
         await self._store.save(run.record())

@@ -103,6 +103,11 @@ class ResponseRun:
         self._status = "cancelled"
         self._completed_at = int(time.time())
 
+    def interrupt(self, code: str, message: str) -> None:
+        """Stopped by the server, not by a cancel request."""
+        self._fail(code, message)
+        self._completed_at = int(time.time())
+
     def _settle(self, finish_reason: str | None) -> None:
         if finish_reason == "stop":
             self._status = "completed"

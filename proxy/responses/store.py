@@ -62,11 +62,13 @@ CREATE TABLE IF NOT EXISTS responses (
     input_items TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS items (
-    id TEXT PRIMARY KEY,
     response_id TEXT NOT NULL,
-    item TEXT NOT NULL
+    id TEXT NOT NULL,
+    item TEXT NOT NULL,
+    PRIMARY KEY (response_id, id)
 );
-CREATE INDEX IF NOT EXISTS items_by_response ON items (response_id);
+-- Clients replay earlier output items, ids and all, as input: one id can belong to several responses.
+CREATE INDEX IF NOT EXISTS items_by_id ON items (id);
 """
 
 
@@ -101,7 +103,7 @@ class SQLiteResponseStore:
                 db.execute("DELETE FROM items WHERE response_id = ?", (record.id,))
                 db.executemany(
                     "INSERT OR REPLACE INTO items VALUES (?, ?, ?)",
-                    [(item["id"], record.id, json.dumps(item)) for item in items if item.get("id")],
+                    [(record.id, item["id"], json.dumps(item)) for item in items if item.get("id")],
                 )
 
         await self._run(write)
