@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from parsers.events import Event
 from parsers.stream import OutputParser
 from parsers.vocab import Vocab
-from proxy.engines.base import Engine, FinishReason, GenerationRequest, Step, Usage
+from proxy.engines.base import Engine, EngineError, FinishReason, GenerationRequest, Step, Usage
 
 logger = logging.getLogger("harmony_proxy")
 
@@ -36,7 +36,11 @@ class Outcome:
 
 
 async def tracked_steps(engine: Engine, request: GenerationRequest, outcome: Outcome) -> AsyncGenerator[Step, None]:
-    """The engine's steps, with the outcome kept current; the last step yielded carries the finish reason."""
+    """The engine's steps, with the outcome kept current; the last step yielded carries the finish reason.
+
+    An engine that fails with anything but EngineError is logged and reported as an EngineError, so every API
+    ends its answer with a clear error rather than a broken connection or a stack trace.
+    """
     steps = engine.generate(request)
     try:
         async for step in steps:
@@ -51,6 +55,11 @@ async def tracked_steps(engine: Engine, request: GenerationRequest, outcome: Out
             yield step
         outcome.finish_reason = "stop"  # an engine that ends without saying why ended normally
         yield Step((), "stop")
+    except EngineError:
+        raise
+    except Exception as exc:  # not GeneratorExit or CancelledError: those are the consumer closing us
+        logger.exception("request %s: the %s engine failed", request.request_id, engine.name)
+        raise EngineError(f"The {engine.name} engine failed unexpectedly.", status=500, code="engine_error") from exc
     finally:
         if outcome.finish_reason is None:
             logger.info("request %s: stopped after %d generated tokens", request.request_id, outcome.completion_tokens)

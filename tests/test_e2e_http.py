@@ -261,3 +261,28 @@ def test_tokenize_shows_the_rendered_prompt(serve: Callable[..., LiveServer], vo
     assert result["prompt"].endswith("<|start|>user<|message|>Weather in Paris?<|end|><|start|>assistant")
     bad = httpx.post(server.base_url + "/tokenize", json={**body, "reasoning_effort": "x"}, timeout=30)
     assert bad.status_code == 400
+
+
+@pytest.mark.parametrize("after", [0, 6])
+def test_an_engine_bug_is_a_clean_error_without_internals(
+    serve: Callable[..., LiveServer], vocab: Any, after: int
+) -> None:
+    from tests.engines import Broken
+
+    server = serve(engine=Broken(scripted_engine(vocab, [ANSWER]), after=after))
+    plain = httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30)
+    assert plain.status_code == 500
+    assert plain.json()["error"]["code"] == "engine_error" and "internal detail" not in plain.text
+    streamed = httpx.post(server.base_url + "/v1/chat/completions", json={**ASK, "stream": True}, timeout=30)
+    assert "internal detail" not in streamed.text
+    if after == 0:  # before the first token: an HTTP error
+        assert streamed.status_code == 500
+    else:  # after it: an error event, then [DONE]
+        payloads = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert payloads[-1] == "[DONE]" and json.loads(payloads[-2])["error"]["code"] == "engine_error"
+    responses = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "hi"}, timeout=30)
+    body = responses.json()
+    assert (responses.status_code, body.get("status")) in ((200, "failed"), (500, None))
+    assert "internal detail" not in responses.text
+    raw = httpx.post(server.base_url + "/v1/completions", json={"model": MODEL, "prompt": [1]}, timeout=30)
+    assert raw.status_code == 500 and "internal detail" not in raw.text

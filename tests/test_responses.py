@@ -150,6 +150,8 @@ def test_retrieve_delete_and_input_items(serve: Callable[..., LiveServer]) -> No
     inputs = [{"role": "developer", "content": "Be kind."}, {"role": "user", "content": "one"},
               {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "two"}]}]
     created = client.responses.create(model=MODEL, input=inputs, metadata={"case": "items"})
+    retrieved = raw(server, "GET", f"/v1/responses/{created.id}").json()
+    validate_resource(retrieved)
     assert client.responses.retrieve(created.id).model_dump() == created.model_dump()
     listed = client.responses.input_items.list(created.id, order="asc")
     texts = [item.content[0].text for item in listed.data]
@@ -211,6 +213,7 @@ def test_responses_survive_a_restart(serve: Callable[..., LiveServer], vocab: An
     assert second.responses.input_items.list(created.id).data[0].content[0].text == "hi"
     interrupted = second.responses.retrieve("resp_stale")
     assert interrupted.status == "failed" and interrupted.error.code == "server_restarted"
+    validate_resource(interrupted.model_dump(mode="json", exclude_unset=True))
     follow = second.responses.create(model=MODEL, input="again", previous_response_id=created.id)
     assert follow.status == "completed"
 
@@ -221,6 +224,7 @@ def test_background_response_and_cancel(serve: Callable[..., LiveServer], vocab:
     client = client_for(serve(engine=engine))
     quick = client.responses.create(model=MODEL, input="hi", background=True)
     assert quick.status in ("queued", "in_progress") and quick.background is True
+    validate_resource(quick.model_dump(mode="json", exclude_unset=True))
     deadline = time.monotonic() + 10
     while (current := client.responses.retrieve(quick.id)).status in ("queued", "in_progress"):
         assert time.monotonic() < deadline
@@ -232,6 +236,8 @@ def test_background_response_and_cancel(serve: Callable[..., LiveServer], vocab:
     assert progress.status == "in_progress" and progress.output and progress.output_text  # partial output
     cancelled = client.responses.cancel(slow.id)
     assert cancelled.status == "cancelled"
+    for body in (current, progress, cancelled):
+        validate_resource(body.model_dump(mode="json", exclude_unset=True))
     assert engine.cancelled.wait(timeout=5)
     assert client.responses.retrieve(slow.id).status == "cancelled"
     with pytest.raises(openai.BadRequestError):
@@ -319,3 +325,4 @@ def test_shutdown_marks_running_background_responses_failed(
     server.stop()
     after = client_for(serve(completions=[ANSWER], store_path=path)).responses.retrieve(job.id)
     assert after.status == "failed" and after.error.code == "server_shutdown"
+    validate_resource(after.model_dump(mode="json", exclude_unset=True))

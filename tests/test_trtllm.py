@@ -192,3 +192,15 @@ def test_cancelling_a_background_response_aborts_the_tensorrt_llm_request(
     assert client.responses.cancel(job.id).status == "cancelled"
     assert any(e["event"] == "abort" for e in events(folder))
     assert client.responses.retrieve(job.id).status == "cancelled"
+
+
+def test_a_request_error_during_generation_is_reported(
+    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path
+) -> None:
+    server = trtllm_server(serve, vocab, model_folder(tmp_path, [ANSWER], fail_after="5"))
+    plain = httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30)
+    assert plain.status_code == 500 and "CUDA out of memory" in plain.json()["error"]["message"]
+    with pytest.raises(openai.APIError, match="CUDA out of memory"):
+        list(client_for(server).chat.completions.create(model=MODEL, messages=ASK["messages"], stream=True))
+    failed = client_for(server).responses.create(model=MODEL, input="hi")
+    assert failed.status == "failed" and "CUDA out of memory" in failed.error.message

@@ -11,6 +11,8 @@
   `stop` and is left out of `token_ids`; a stop token id ends with `stop`, `stop_reason` set to it, and is
   stripped unless `include_stop_str_in_output`. `ignore_eos` disables the end token only.
 - `abort()` ends the request with `cancelled`. Prompt prefixes are cached in 32-token blocks.
+- A per-request executor error is raised as `RequestError` from the iteration (a `fail_after` file in the
+  model folder makes each request fail after that many tokens).
 """
 
 from __future__ import annotations
@@ -85,6 +87,9 @@ class RequestOutput:
         if self._loop is None:
             raise AssertionError("The asyncio event loop was not present during initialization")
         tokens, finish, stop_reason = await self._queue.get()
+        if finish == "error":
+            self._done = True
+            raise RequestError(stop_reason)
         output = self.outputs[0]
         output._last_token_ids_len = len(output.token_ids)
         output.token_ids.extend(tokens)
@@ -101,6 +106,10 @@ class RequestOutput:
         for token in script:
             if generated >= params.max_tokens:
                 break
+            if generated == llm.fail_after:
+                self._queue.put_nowait((step, None, None))
+                self._queue.put_nowait(([], "error", "Encountered an error in forward function: CUDA out of memory"))
+                return
             generated += 1
             may_stop = generated >= (params.min_tokens or 0)
             if may_stop and token == end_id:
@@ -143,6 +152,7 @@ class LLM:
         self.stream_interval = int(kwargs.get("stream_interval") or 1)
         self.max_num_tokens = int(kwargs.get("max_num_tokens") or 8192)
         self.step_seconds = float(_read(self._folder / "step_seconds", "0"))
+        self.fail_after = int(_read(self._folder / "fail_after", "-1"))
         time.sleep(float(_read(self._folder / "load_seconds", "0")))  # loading weights takes a while
         self._block_reuse = (kwargs.get("kv_cache_config") or {}).get("enable_block_reuse", True)
         self._seen_prompts: list[list[int]] = []
