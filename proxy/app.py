@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from proxy.auth import APIKeyMiddleware
 from proxy.chat.routes import chat_completions, tokenize
 from proxy.completions import completions
 from proxy.disconnect import ClientDisconnected, client_gone_handler
@@ -73,6 +75,7 @@ def create_app(
             Exception: unexpected_error_handler,
         },
         lifespan=lifespan,
+        middleware=[Middleware(APIKeyMiddleware, api_key=state.config.api_key)] if state.config.api_key else [],
     )
     app.state.harmony = state
     return app

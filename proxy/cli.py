@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--default-reasoning-effort", choices=EFFORTS, default=ServerConfig.default_reasoning_effort)
     serve.add_argument("--max-model-len", type=int,
                        help=f"context window, prompt plus output (default: --max_seq_len, else {DEFAULT_CONTEXT})")
+    serve.add_argument("--api-key", default=os.environ.get("HARMONY_PROXY_API_KEY"),
+                       help="require `Authorization: Bearer KEY` on /v1 routes (or set HARMONY_PROXY_API_KEY)")
     serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"))
 
     responses = serve.add_argument_group("Responses API")
@@ -168,6 +170,7 @@ def _config(args: argparse.Namespace, engine_name: str) -> ServerConfig:
         reasoning_field=args.reasoning_field,
         default_reasoning_effort=args.default_reasoning_effort,
         max_model_len=args.max_model_len or args.max_seq_len or DEFAULT_CONTEXT,
+        api_key=args.api_key,
         reasoning_summary_events=args.reasoning_summary_events,
         open_responses_events=args.open_responses_events,
     )

@@ -16,3 +16,4 @@ class ServerConfig:
     max_model_len: int = 131072  # gpt-oss context window: prompt plus output tokens
     reasoning_summary_events: bool = False  # Responses: also stream reasoning as summary events
     open_responses_events: bool = False  # Responses: name raw reasoning events as the Open Responses spec does
+    api_key: str | None = None  # when set, /v1 routes need `Authorization: Bearer <api_key>`

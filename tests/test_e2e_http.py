@@ -16,7 +16,7 @@ from proxy.engines.base import EngineError
 from proxy.engines.scripted import scripted_engine
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Cached, Failing, Recording, SlowStart, Unhealthy
-from tests.test_e2e_chat import ANSWER, WEATHER, client_for
+from tests.test_e2e_chat import ANSWER, CALL, WEATHER, client_for
 
 ASK = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Paris?"}]}
 
@@ -286,3 +286,38 @@ def test_an_engine_bug_is_a_clean_error_without_internals(
     assert "internal detail" not in responses.text
     raw = httpx.post(server.base_url + "/v1/completions", json={"model": MODEL, "prompt": [1]}, timeout=30)
     assert raw.status_code == 500 and "internal detail" not in raw.text
+
+
+def test_api_key_protects_v1_routes_but_not_health(serve: Callable[..., LiveServer]) -> None:
+    server = serve(completions=[ANSWER], api_key="sk-local")
+    missing = httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30)
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        client_for(server).models.list()  # the helper sends the key "unused"
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="sk-local", max_retries=0)
+    assert client.chat.completions.create(model=MODEL, messages=ASK["messages"]).choices[0].message.content
+    assert [e.type for e in client.responses.create(model=MODEL, input="hi", stream=True)][-1] == "response.completed"
+    assert httpx.get(server.base_url + "/health", timeout=30).status_code == 200
+
+
+def test_concurrent_streams_do_not_mix(serve: Callable[..., LiveServer]) -> None:
+    import asyncio
+
+    server = serve(completions=[ANSWER, CALL], token_delay=0.002)
+
+    async def one(client: openai.AsyncOpenAI) -> tuple[str, str]:
+        stream = await client.chat.completions.create(model=MODEL, messages=ASK["messages"], stream=True)
+        content, arguments = [], []
+        async for chunk in stream:
+            for choice in chunk.choices:
+                content.append(choice.delta.content or "")
+                arguments += [(c.function.arguments or "") for c in choice.delta.tool_calls or [] if c.function]
+        return "".join(content), "".join(arguments)
+
+    async def many() -> list[tuple[str, str]]:
+        client = openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+        return await asyncio.gather(*(one(client) for _ in range(24)))
+
+    results = asyncio.run(many())
+    assert sorted(set(results)) == [("", '{"city":"Paris"}'), ("It is 18C.", "")]
+    assert results.count(("It is 18C.", "")) == 12  # the script alternates, one line per request
