@@ -1,4 +1,4 @@
-"""Rendering a conversation into Harmony prompt tokens, with openai-harmony.
+"""Rendering a conversation into Harmony prompt tokens.
 
 Rules (the Harmony format docs, plus what keeps KV-cache prefixes stable):
 - System message: model identity, knowledge cutoff, reasoning effort, required channels; no conversation date
@@ -10,8 +10,13 @@ Rules (the Harmony format docs, plus what keeps KV-cache prefixes stable):
   answer loses its analysis (the model was trained that way).
 - History tool calls are written the way the model writes them,
   `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>`.
-  openai-harmony writes `<|start|>assistant to=functions.NAME<|channel|>commentary`, a form linked to the
-  model putting later calls on the analysis channel, so that one message is hand-rolled here.
+
+openai-harmony renders the system message and the tools section (its TypeScript-like declarations). Messages
+that carry client text are written here, in exactly the library's form (tests/test_render.py compares them
+token for token): the library's tokenizer is quadratic on long unbroken runs and costs ~100 us per message,
+while `Vocab.encode` stays linear; and the library writes history tool calls as
+`<|start|>assistant to=functions.NAME<|channel|>commentary`, a form linked to the model putting later calls on
+the analysis channel.
 """
 
 from __future__ import annotations
@@ -19,16 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from openai_harmony import (
-    Author,
-    DeveloperContent,
-    Message,
-    ReasoningEffort,
-    RenderOptions,
-    Role,
-    SystemContent,
-    ToolDescription,
-)
+from openai_harmony import DeveloperContent, Message, ReasoningEffort, RenderOptions, Role, SystemContent, ToolDescription
 
 from parsers.conversation import (
     AssistantMessage,
@@ -42,6 +38,7 @@ from parsers.conversation import (
     UserMessage,
 )
 from parsers.vocab import Vocab
+from tools.definitions import FunctionTool
 
 EFFORTS = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
 KNOWLEDGE_CUTOFF = "2024-06"
@@ -50,46 +47,82 @@ KNOWLEDGE_CUTOFF = "2024-06"
 class Renderer:
     def __init__(self, vocab: Vocab) -> None:
         self._vocab = vocab
-        self._encoding = vocab.encoding
         special = vocab.special
+        self._start, self._end, self._message = special.start, special.end, special.message
+        self._channel, self._call = special.channel, special.call
         self._open_assistant = [special.start, *vocab.encode("assistant")]
         self._call_header_end = [special.constrain, *vocab.encode("json"), special.message]
-        self._channel, self._call = special.channel, special.call
+        self._developer_header = [special.start, *vocab.encode("developer"), special.message]
+        self._systems: dict[tuple[str, bool], list[int]] = {}  # the few system messages there are, rendered once
 
     def render(self, prompt: Prompt) -> list[int]:
         """Prompt token ids, ending with the `<|start|>assistant` the model continues from."""
-        options = RenderOptions(conversation_has_function_tools=bool(prompt.tools))
         leading, rest = _split_leading_instructions(prompt.items)
-        tokens = self._message(Message.from_role_and_content(Role.SYSTEM, self._system(prompt)), options)
-        developer = _developer(leading, prompt)
-        if developer is not None:
-            tokens += self._message(Message.from_role_and_content(Role.DEVELOPER, developer), options)
+        tokens = list(self._system(prompt.reasoning_effort, bool(prompt.tools)))
+        tokens += self._developer(leading, prompt)
         for item in _visible_history(rest):
-            if isinstance(item, ToolCall):
-                tokens += self._tool_call(item)
-            else:
-                tokens += self._message(_harmony_message(item), options)
+            tokens += self._item(item)
         tokens += self._open_assistant
         return tokens
 
-    def _system(self, prompt: Prompt) -> SystemContent:
-        return (
-            SystemContent.new()
-            .with_reasoning_effort(EFFORTS[prompt.reasoning_effort])
-            .with_knowledge_cutoff(KNOWLEDGE_CUTOFF)
-        )
+    def _system(self, effort: str, with_tools: bool) -> list[int]:
+        key = (effort, with_tools)
+        if key not in self._systems:
+            content = SystemContent.new().with_reasoning_effort(EFFORTS[effort]).with_knowledge_cutoff(KNOWLEDGE_CUTOFF)
+            self._systems[key] = self._vocab.encoding.render(
+                Message.from_role_and_content(Role.SYSTEM, content), RenderOptions(conversation_has_function_tools=with_tools)
+            )
+        return self._systems[key]
 
-    def _message(self, message: Message, options: RenderOptions) -> list[int]:
-        return self._encoding.render(message, options)
+    def _developer(self, leading: list[Instructions], prompt: Prompt) -> list[int]:
+        sections = [item.text for item in leading if item.text]
+        if prompt.response_format is not None:
+            sections.append(_response_format_section(prompt.response_format))
+        if not sections and not prompt.tools:
+            return []
+        tokens = list(self._developer_header)
+        if sections:
+            tokens += self._vocab.encode("# Instructions\n\n" + "\n\n".join(sections) + ("\n\n" if prompt.tools else ""))
+        if prompt.tools:
+            return tokens + self._tools_section(prompt.tools)
+        return tokens + [self._end]
+
+    def _tools_section(self, tools: Sequence[FunctionTool]) -> list[int]:
+        """`# Tools ...<|end|>`, by openai-harmony (tool text was checked for runs its tokenizer handles badly)."""
+        content = DeveloperContent.new().with_function_tools(
+            [ToolDescription.new(tool.name, tool.description, tool.parameters) for tool in tools]
+        )
+        rendered = self._vocab.encoding.render(Message.from_role_and_content(Role.DEVELOPER, content))
+        return rendered[len(self._developer_header) :]
+
+    def _item(self, item: Item) -> list[int]:
+        if isinstance(item, UserMessage):
+            return self._text_message("user", None, item.text)
+        if isinstance(item, Reasoning):
+            return self._text_message("assistant", "analysis", item.text)
+        if isinstance(item, AssistantMessage):
+            return self._text_message("assistant", "commentary" if item.preamble else "final", item.text)
+        if isinstance(item, ToolCall):
+            return self._tool_call(item)
+        if isinstance(item, ToolResult):
+            return self._text_message(f"functions.{item.name} to=assistant", "commentary", item.output)
+        return self._text_message("developer", None, "# Instructions\n\n" + item.text)  # Instructions
+
+    def _text_message(self, header: str, channel: str | None, text: str) -> list[int]:
+        encode = self._vocab.encode
+        tokens = [self._start, *encode(header)]
+        if channel is not None:
+            tokens += [self._channel, *encode(channel)]
+        return tokens + [self._message, *encode(text), self._end]
 
     def _tool_call(self, call: ToolCall) -> list[int]:
-        vocab = self._vocab
+        encode = self._vocab.encode
         return [
             *self._open_assistant,
             self._channel,
-            *vocab.encode(f"commentary to=functions.{call.name} "),
+            *encode(f"commentary to=functions.{call.name} "),
             *self._call_header_end,
-            *vocab.encode(call.arguments),
+            *encode(call.arguments),
             self._call,
         ]
 
@@ -99,22 +132,6 @@ def _split_leading_instructions(items: Sequence[Item]) -> tuple[list[Instruction
     while position < len(items) and isinstance(items[position], Instructions):
         position += 1
     return list(items[:position]), list(items[position:])  # type: ignore[arg-type]
-
-
-def _developer(leading: list[Instructions], prompt: Prompt) -> DeveloperContent | None:
-    sections = [item.text for item in leading if item.text]
-    if prompt.response_format is not None:
-        sections.append(_response_format_section(prompt.response_format))
-    if not sections and not prompt.tools:
-        return None
-    content = DeveloperContent.new()
-    if sections:
-        content = content.with_instructions("\n\n".join(sections))
-    if prompt.tools:
-        content = content.with_function_tools(
-            [ToolDescription.new(tool.name, tool.description, tool.parameters) for tool in prompt.tools]
-        )
-    return content
 
 
 def _response_format_section(response_format: ResponseFormat) -> str:
@@ -135,21 +152,3 @@ def _visible_history(items: list[Item]) -> list[Item]:
         for position, item in enumerate(items)
         if not isinstance(item, Reasoning) or (loop_open and position > last_user)
     ]
-
-
-def _harmony_message(item: Item) -> Message:
-    if isinstance(item, UserMessage):
-        return Message.from_role_and_content(Role.USER, item.text)
-    if isinstance(item, Reasoning):
-        return Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel("analysis")
-    if isinstance(item, AssistantMessage):
-        channel = "commentary" if item.preamble else "final"
-        return Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel(channel)
-    if isinstance(item, ToolResult):
-        author = Author.new(Role.TOOL, f"functions.{item.name}")
-        return (
-            Message.from_author_and_content(author, item.output).with_channel("commentary").with_recipient("assistant")
-        )
-    if isinstance(item, Instructions):
-        return Message.from_role_and_content(Role.DEVELOPER, DeveloperContent.new().with_instructions(item.text))
-    raise TypeError(f"cannot render {type(item).__name__}")  # ToolCall is hand-rolled by the caller

@@ -12,6 +12,7 @@ import contextlib
 import gzip
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,6 +24,19 @@ from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_en
 VOCAB_FILE_NAME = "o200k_base.tiktoken"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 BUNDLED_VOCAB = Path(__file__).parent / "data" / (VOCAB_FILE_NAME + ".gz")
+
+# openai-harmony's BPE is quadratic in the length of one pre-token: "x" * 40_000 takes half a second, holding
+# the GIL. Runs this long are never natural text (base64, DNA, a key held down); they are encoded in chunks,
+# which changes their tokens only at the cuts, so tokenization stays linear. Shorter text is encoded whole.
+_LONG_RUN = re.compile(r"\S{1024,}|\s{1024,}")
+_RUN_CHUNK = 256
+
+
+def has_long_run(text: str) -> bool:
+    """Whether text holds a run that `Vocab.encode` would have to cut (openai-harmony's own renders cannot)."""
+    return len(text) >= 1024 and _LONG_RUN.search(text) is not None
+
+_SPECIAL_SPELLING = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 
 
 class VocabError(RuntimeError):
@@ -56,30 +70,48 @@ class Vocab:
         self.token_text: list[str | None] = [_whole_utf8(piece) for piece in self.token_bytes]
         # Every id at or above this one is a special token (o200k_harmony puts them all above the text ranks).
         self.text_token_count = len(self.token_bytes)
-
-        def special(text: str) -> int:
-            (token,) = encoding.encode(text, allowed_special={text})
-            return token
-
+        self.special_ids: dict[str, int] = {
+            encoding.decode([token]): token
+            for token in range(self.text_token_count, self.text_token_count + len(encoding.special_tokens_set))
+        }
+        self.vocab_size = self.text_token_count + len(self.special_ids)  # valid ids are 0 .. vocab_size - 1
+        ids = self.special_ids
         self.special = SpecialTokens(
-            start=special("<|start|>"),
-            end=special("<|end|>"),
-            message=special("<|message|>"),
-            channel=special("<|channel|>"),
-            constrain=special("<|constrain|>"),
-            return_=special("<|return|>"),
-            call=special("<|call|>"),
+            start=ids["<|start|>"],
+            end=ids["<|end|>"],
+            message=ids["<|message|>"],
+            channel=ids["<|channel|>"],
+            constrain=ids["<|constrain|>"],
+            return_=ids["<|return|>"],
+            call=ids["<|call|>"],
         )
         # Generation ends on <|return|> (final answer) and <|call|> (tool call).
         self.stop_token_ids: tuple[int, ...] = tuple(sorted(encoding.stop_tokens_for_assistant_actions()))
 
     def encode(self, text: str) -> list[int]:
         """Encode text that must stay text: special-token spellings in it become ordinary tokens."""
-        return self.encoding.encode(text, disallowed_special=())
+        if len(text) < 1024 or not _LONG_RUN.search(text):
+            return self.encoding.encode(text, disallowed_special=())
+        tokens: list[int] = []
+        position = 0
+        for run in _LONG_RUN.finditer(text):
+            tokens += self.encoding.encode(text[position : run.start()], disallowed_special=())
+            for start in range(run.start(), run.end(), _RUN_CHUNK):
+                tokens += self.encoding.encode(text[start : min(start + _RUN_CHUNK, run.end())], disallowed_special=())
+            position = run.end()
+        return tokens + self.encoding.encode(text[position:], disallowed_special=())
 
     def encode_harmony(self, text: str) -> list[int]:
         """Encode Harmony text: `<|start|>` and friends become the special tokens they spell."""
-        return self.encoding.encode(text, allowed_special="all")
+        tokens: list[int] = []
+        position = 0
+        for spelling in _SPECIAL_SPELLING.finditer(text):
+            token = self.special_ids.get(spelling.group())
+            if token is not None:
+                tokens += self.encode(text[position : spelling.start()])
+                tokens.append(token)
+                position = spelling.end()
+        return tokens + self.encode(text[position:])
 
     def decode(self, tokens: Sequence[int]) -> str:
         """Decode tokens to text, special tokens spelled out (for display, never for API fields)."""

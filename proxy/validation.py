@@ -11,23 +11,56 @@ from jsonschema.exceptions import ValidationError, best_match
 from starlette.requests import Request
 
 from proxy.errors import APIError, invalid_request
+from tools.definitions import json_depth
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
+# A gpt-oss context (131,072 tokens) holds well under 8 MiB of text.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_JSON_DEPTH = 64
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise APIError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.")
+    """The body as a JSON object: size checked as it arrives; no NaN, lone surrogates or absurd nesting."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+    body = b"".join(chunks)
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = json.loads(body, parse_constant=_no_constants)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError):
         raise invalid_request(
-            "We could not parse the JSON body of your request. Send a JSON object.", code="invalid_json"
+            "We could not parse the JSON body of your request. Send a JSON object (no NaN or Infinity).",
+            code="invalid_json",
         ) from None
     if not isinstance(data, dict):
         raise invalid_request("The request body must be a JSON object.", code="invalid_json")
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.", code="invalid_json")
+    if (b"\\ud" in body or b"\\uD" in body) and _has_lone_surrogate(data):
+        raise invalid_request("The request body has an invalid Unicode escape (a lone surrogate).", code="invalid_json")
     return data
+
+
+def _too_large() -> APIError:
+    return APIError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.", code="request_too_large")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _has_lone_surrogate(data: Any) -> bool:
+    # Only \uD800-\uDFFF escapes can produce one; strings holding one cannot be encoded as UTF-8.
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def refuse_unsupported(body: dict[str, Any], unsupported: dict[str, str]) -> None:

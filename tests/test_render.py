@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openai_harmony import Author, DeveloperContent, Message, RenderOptions, Role, SystemContent, ToolDescription
 
-from parsers.conversation import AssistantMessage, Prompt, Reasoning, ToolCall, ToolResult, UserMessage
-from parsers.render import Renderer
-from parsers.vocab import Vocab
+from parsers.conversation import AssistantMessage, Instructions, Prompt, Reasoning, ToolCall, ToolResult, UserMessage
+from parsers.render import EFFORTS, KNOWLEDGE_CUTOFF, Renderer, _split_leading_instructions, _visible_history
+from parsers.vocab import Vocab, load_vocab
 from proxy.chat.request import parse_chat_request
 from tests.conftest import FIXTURES
+from tools.definitions import FunctionTool
 
 GOLDEN = sorted((FIXTURES / "prompts").glob("*.request.json"))
 
@@ -81,3 +86,73 @@ def test_analysis_is_kept_only_inside_an_unfinished_tool_loop(
     text = vocab.decode(renderer.render(Prompt(items)))
     for reasoning in ("r1", "r2"):
         assert (f"<|channel|>analysis<|message|>{reasoning}<|end|>" in text) == (reasoning in kept)
+
+
+# -- our message rendering is openai-harmony's, token for token --------------------------------------------
+
+VOCAB = load_vocab()
+RENDERER = Renderer(VOCAB)
+
+
+def library_render(prompt: Prompt) -> list[int]:
+    """The same conversation rendered by openai-harmony message by message (tool calls in the model's form)."""
+    encoding = VOCAB.encoding
+    options = RenderOptions(conversation_has_function_tools=bool(prompt.tools))
+    system = SystemContent.new().with_reasoning_effort(EFFORTS[prompt.reasoning_effort]).with_knowledge_cutoff(
+        KNOWLEDGE_CUTOFF)
+    tokens = encoding.render(Message.from_role_and_content(Role.SYSTEM, system), options)
+    leading, rest = _split_leading_instructions(prompt.items)
+    instructions = "\n\n".join(item.text for item in leading if item.text)
+    if instructions or prompt.tools:
+        developer = DeveloperContent.new()
+        if instructions:
+            developer = developer.with_instructions(instructions)
+        if prompt.tools:
+            developer = developer.with_function_tools(
+                [ToolDescription.new(t.name, t.description, t.parameters) for t in prompt.tools])
+        tokens += encoding.render(Message.from_role_and_content(Role.DEVELOPER, developer), options)
+    for item in _visible_history(rest):
+        if isinstance(item, ToolCall):
+            tokens += RENDERER._tool_call(item)
+            continue
+        if isinstance(item, UserMessage):
+            message = Message.from_role_and_content(Role.USER, item.text)
+        elif isinstance(item, Reasoning):
+            message = Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel("analysis")
+        elif isinstance(item, AssistantMessage):
+            message = Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel(
+                "commentary" if item.preamble else "final")
+        elif isinstance(item, ToolResult):
+            message = Message.from_author_and_content(Author.new(Role.TOOL, f"functions.{item.name}"), item.output
+                                                      ).with_channel("commentary").with_recipient("assistant")
+        else:
+            message = Message.from_role_and_content(Role.DEVELOPER, DeveloperContent.new().with_instructions(item.text))
+        tokens += encoding.render(message, options)
+    return tokens + VOCAB.encode_harmony("<|start|>assistant")
+
+
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+names = st.sampled_from(["get_weather", "web-search", "get.x"])
+items = st.lists(st.one_of(
+    st.builds(UserMessage, texts), st.builds(Reasoning, texts), st.builds(AssistantMessage, texts, st.booleans()),
+    st.builds(ToolCall, st.just("c1"), names, texts), st.builds(ToolResult, st.just("c1"), names, texts),
+    st.builds(Instructions, texts.filter(bool)),
+), max_size=8)
+tool_lists = st.lists(st.builds(FunctionTool, names, texts, st.sampled_from(
+    [None, {"type": "object", "properties": {"city": {"type": "string", "description": "City"}}}])),
+    max_size=2, unique_by=lambda tool: tool.name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(leading=st.lists(st.builds(Instructions, texts.filter(bool)), max_size=2), items=items, tools=tool_lists,
+       effort=st.sampled_from(["low", "medium", "high"]))
+def test_rendering_matches_openai_harmony_token_for_token(leading: list, items: list, tools: list, effort: str) -> None:
+    prompt = Prompt(leading + items, tools, effort)
+    assert RENDERER.render(prompt) == library_render(prompt)
+
+
+def test_long_unbroken_runs_render_in_linear_time(vocab: Vocab, renderer: Renderer) -> None:
+    started = time.perf_counter()
+    tokens = renderer.render(Prompt([UserMessage("x" * 1_000_000), ToolResult("c", "f", "A" * 500_000)]))
+    assert time.perf_counter() - started < 5  # openai-harmony alone takes minutes (quadratic BPE)
+    assert vocab.decode(tokens).count("x") == 1_000_000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,9 +10,13 @@ from typing import Any
 
 import jsonschema
 
+from parsers.vocab import has_long_run
+
 # OpenAI allows letters, digits, '_' and '-'; gpt-oss tool names with dots round-trip too (vLLM #51977).
 # Whitespace cannot: the name is written into the Harmony recipient `to=functions.NAME`.
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+# openai-harmony renders tool declarations itself; it fails on schemas nested deeper than this.
+MAX_SCHEMA_DEPTH = 48
 
 
 class ToolError(ValueError):
@@ -50,9 +55,18 @@ def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: 
         )
     if description is not None and not isinstance(description, str):
         raise ToolError("The function description must be a string.", f"{param}.description")
+    if description and has_long_run(description):
+        raise ToolError("The function description has a run of over 1,000 characters without a break.",
+                        f"{param}.description")
     if parameters is not None:
         if not isinstance(parameters, dict):
             raise ToolError("The function parameters must be a JSON Schema object.", f"{param}.parameters")
+        if json_depth(parameters) > MAX_SCHEMA_DEPTH:
+            raise ToolError(f"The parameters schema is nested more than {MAX_SCHEMA_DEPTH} levels deep.",
+                            f"{param}.parameters")
+        if has_long_run(json.dumps(parameters, ensure_ascii=False)):
+            raise ToolError("The parameters schema has a run of over 1,000 characters without a break.",
+                            f"{param}.parameters")
         try:
             jsonschema.validators.validator_for(parameters).check_schema(parameters)
         except jsonschema.SchemaError as exc:
@@ -60,6 +74,19 @@ def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: 
     if strict is not None and not isinstance(strict, bool):
         raise ToolError("`strict` must be a boolean.", f"{param}.strict")
     return FunctionTool(name, description or "", parameters, strict)
+
+
+def json_depth(value: Any) -> int:
+    """How deeply lists and objects nest in a JSON value (iterative: a hostile value must not exhaust the stack)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        current, depth = pending.pop()
+        if isinstance(current, dict):
+            current = list(current.values())
+        if isinstance(current, list):
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1) for child in current if isinstance(child, (dict, list)))
+    return deepest
 
 
 def check_unique(tools: Sequence[FunctionTool], param: str) -> None:
