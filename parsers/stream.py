@@ -66,7 +66,13 @@ class OutputParser:
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._pending = False  # the decoder holds the first bytes of a character
         self._plain_body = False  # in a body with no half character pending: the single-token fast path
-        self.reasoning_tokens = 0
+        self._reasoning_tokens = 0  # of the reasoning items already closed
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Body tokens of reasoning so far, an item still open included."""
+        open_item = self._item_tokens if self._kind is ItemKind.REASONING else 0
+        return self._reasoning_tokens + open_item
 
     def feed(self, tokens: Sequence[int]) -> list[Event]:
         """Parse newly generated tokens; return the events they complete."""
@@ -218,7 +224,7 @@ class OutputParser:
             self._pending = False
         events.append(ItemDone(self._item, complete, self._item_tokens))
         if self._kind is ItemKind.REASONING:
-            self.reasoning_tokens += self._item_tokens
+            self._reasoning_tokens += self._item_tokens
         self._item, self._kind = -1, None
 
     def _reset_header(self, mode: _Mode) -> None:

@@ -93,6 +93,9 @@ async def _fail_interrupted_responses(state: ServerState) -> None:
             status="failed",
             error={"code": "server_restarted", "message": "The server restarted before this response finished."},
         )
+        for item in record.resource["output"]:
+            if item.get("status") == "in_progress":
+                item["status"] = "incomplete"
         await state.responses.save(record)
         logger.warning("response %s was interrupted by a restart; marked failed", response_id)
 

@@ -1,4 +1,4 @@
-"""`--api-key`: every /v1 route then needs `Authorization: Bearer <key>`; /health stays open for probes.
+"""`--api-key`: every route then needs `Authorization: Bearer <key>`, except /health (for probes).
 
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware, which gets in the way of streaming responses).
 """
@@ -18,7 +18,7 @@ class APIKeyMiddleware:
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and scope["path"] != "/health":
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):  # constant time: no key guessing by timing
                 error = APIError(401, "Incorrect API key provided.", code="invalid_api_key", type="invalid_request_error")

@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"context window, prompt plus output (default: --max_seq_len, else {DEFAULT_CONTEXT})")
     serve.add_argument("--api-key", default=os.environ.get("HARMONY_PROXY_API_KEY"),
                        help="require `Authorization: Bearer KEY` on /v1 routes (or set HARMONY_PROXY_API_KEY)")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0,
+                       help="on SIGTERM, seconds running requests may take to finish before they are aborted")
     serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"))
 
     responses = serve.add_argument_group("Responses API")
@@ -136,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(2) from None
     app = create_app(ServerState(config, vocab, engine, store), on_engine_failure=engine_failed)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
-                                           log_level=args.log_level))
+                                           log_level=args.log_level,
+                                           timeout_graceful_shutdown=args.shutdown_timeout))
     server.run()
     if failures:
         print(f"harmony-proxy: error: the {engine.name} engine failed to start: {failures[0]}", file=sys.stderr)

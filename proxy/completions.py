@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from parsers.detokenize import Detokenizer
 from proxy.disconnect import close_shielded, unless_disconnected
 from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint, SamplingParams, Step
-from proxy.errors import APIError, from_engine, invalid_request
+from proxy.errors import from_engine, invalid_request
 from proxy.generation import Outcome, tracked_steps
 from proxy.ids import new_id
 from proxy.sse import DONE, data_frame, event_stream
@@ -35,7 +35,7 @@ _REQUEST = compile_schema(
             "model": {"type": "string"},
             "prompt": {
                 "anyOf": [
-                    {"type": "string"},
+                    {"type": "string", "minLength": 1},
                     {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
                 ]
             },
@@ -43,8 +43,9 @@ _REQUEST = compile_schema(
             "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
             "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
             "seed": {"type": ["integer", "null"]},
-            "stop": {"anyOf": [{"type": "null"}, {"type": "string", "minLength": 1},
-                               {"type": "array", "items": {"type": "string", "minLength": 1}}]},
+            "stop": {"anyOf": [{"type": "null"}, {"type": "string", "minLength": 1, "maxLength": 1024},
+                               {"type": "array", "maxItems": 16,
+                                "items": {"type": "string", "minLength": 1, "maxLength": 1024}}]},
             "stream": _NULLABLE_BOOL,
             "stream_options": {
                 "type": ["object", "null"],
@@ -95,8 +96,9 @@ async def completions(request: Request) -> Response:
         if not body.get("stream"):
             await close_shielded(steps)  # a stop string may have ended the text early: stop the engine too
     completion.close()
-    if outcome.finish_reason in ("cancelled", "error") and not completion.stopped:
-        raise APIError(503, "The engine did not finish the request.", code="engine_cancelled")
+    failure = None if completion.stopped else outcome.failure()
+    if failure is not None:
+        raise failure
     choice = {"index": 0, "text": completion.text, "logprobs": None, **completion.finish(outcome)}
     if completion.return_token_ids:
         choice["token_ids"] = completion.token_ids
@@ -111,6 +113,10 @@ class _Completion:
         vocab = state.vocab
         prompt = body["prompt"]
         prompt_ids = vocab.encode_harmony(prompt) if isinstance(prompt, str) else list(prompt)
+        for param, ids in (("prompt", prompt_ids), ("stop_token_ids", body.get("stop_token_ids") or [])):
+            if any(token >= vocab.vocab_size for token in ids):
+                raise invalid_request(f"`{param}` holds a token id past the vocabulary (ids are 0 to "
+                                      f"{vocab.vocab_size - 1}).", param=param)
         max_tokens = body.get("max_tokens") or DEFAULT_MAX_TOKENS
         if len(prompt_ids) + max_tokens > state.config.max_model_len:
             raise invalid_request(
@@ -185,6 +191,8 @@ class _Completion:
         return {"finish_reason": reason, "stop_reason": self.stop_reason}
 
 async def _fold(steps: AsyncGenerator[Step, None], completion: _Completion) -> None:
+    if completion.stopped:  # a stop string in the first step: read no further, as a stream would not
+        return
     async for step in steps:
         completion.add(step)
         if completion.stopped:
@@ -203,7 +211,7 @@ async def _frames(
             choice.update(finish)
         if completion.return_token_ids:
             choice["token_ids"] = tokens
-        return data_frame(json.dumps({**head, "choices": [choice]}, ensure_ascii=False))
+        return data_frame(_json({**head, "choices": [choice]}))
 
     try:
         text, tokens = completion.add(first)
@@ -217,18 +225,22 @@ async def _frames(
                 if completion.stopped:
                     break
         tail = completion.close()
-        if outcome.finish_reason in ("cancelled", "error") and not completion.stopped:
-            error = APIError(503, "The engine did not finish the request.", code="engine_cancelled")
-            yield data_frame(json.dumps(error.body()))
+        failure = None if completion.stopped else outcome.failure()
+        if failure is not None:
+            yield data_frame(json.dumps(failure.body()))
         else:
             yield chunk(tail, [], completion.finish(outcome))
             if options.get("include_usage"):
-                yield data_frame(json.dumps({**head, "choices": [], "usage": _usage(outcome)}))
+                yield data_frame(_json({**head, "choices": [], "usage": _usage(outcome)}))
     except EngineError as exc:
         yield data_frame(json.dumps(from_engine(exc).body()))
     finally:
         await close_shielded(steps)
     yield DONE
+
+
+def _json(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
 
 
 def _usage(outcome: Outcome) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from parsers.events import Event
 from parsers.stream import OutputParser
 from parsers.vocab import Vocab
 from proxy.engines.base import Engine, EngineError, FinishReason, GenerationRequest, Step, Usage
+from proxy.errors import APIError
 
 logger = logging.getLogger("harmony_proxy")
 
@@ -33,6 +34,14 @@ class Outcome:
     @property
     def usage(self) -> Usage:
         return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+    def failure(self) -> APIError | None:
+        """The error to answer with when the engine cancelled or failed the request itself."""
+        if self.finish_reason == "cancelled":
+            return APIError(503, "The engine cancelled the request before it finished.", code="engine_cancelled")
+        if self.finish_reason == "error":
+            return APIError(500, "The engine failed while generating.", type="server_error", code="engine_error")
+        return None
 
 
 async def tracked_steps(engine: Engine, request: GenerationRequest, outcome: Outcome) -> AsyncGenerator[Step, None]:

@@ -49,3 +49,15 @@ def test_any_split_gives_what_one_piece_gives(text: str, stops: list[str], cuts:
             expected = (text[: end - max(map(len, ending))], True)
             break
     assert run(tuple(stops), pieces) == expected
+
+
+def test_a_held_back_message_still_gets_its_separator() -> None:
+    from parsers.events import ItemDone, ItemKind, ItemStarted
+    from proxy.chat.response import ChatTurn
+
+    for stops in ((), ("abz",), ("b\n\nx",)):
+        turn = ChatTurn("reasoning_content", True, stops, lambda: "call_1")
+        events = [ItemStarted(0, ItemKind.PREAMBLE), "ab", ItemDone(0, True, 1),
+                  ItemStarted(1, ItemKind.FINAL), "d", ItemDone(1, True, 1)]
+        streamed = "".join(delta.get("content", "") for delta in turn.add(events) + turn.close())
+        assert streamed == turn.message()["content"] == "ab\n\nd", stops

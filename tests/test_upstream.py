@@ -81,7 +81,7 @@ def test_failover_and_round_robin(serve: Callable[..., LiveServer], vocab: Any) 
 def test_all_upstreams_down_is_a_503_that_names_them_without_credentials(
     serve: Callable[..., LiveServer], vocab: Any
 ) -> None:
-    secret_url = dead_url().replace("http://", "http://admin:hunter2@")
+    secret_url = dead_url().replace("http://", "http://admin:hunter2@") + "?token=qwerty#frag"
     proxy = front(serve, vocab, [secret_url, dead_url()], api_key="sk-very-secret")
     response = httpx.post(proxy.base_url + "/v1/chat/completions", json={"model": MODEL, "messages": ASK}, timeout=30)
     assert response.status_code == 503
@@ -91,7 +91,7 @@ def test_all_upstreams_down_is_a_503_that_names_them_without_credentials(
     health = httpx.get(proxy.base_url + "/health", timeout=30)
     assert health.status_code == 503 and "No upstream is reachable" in health.json()["error"]["message"]
     for text in (response.text, health.text):
-        assert "hunter2" not in text and "admin" not in text and "sk-very-secret" not in text
+        assert "hunter2" not in text and "admin" not in text and "sk-very-secret" not in text and "qwerty" not in text
 
 
 def test_upstream_failing_mid_stream_is_an_error_never_a_silent_cut(
@@ -153,3 +153,20 @@ def test_health_is_ok_while_one_upstream_answers(serve: Callable[..., LiveServer
     while httpx.get(proxy.base_url + "/health", timeout=10).status_code != 200:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize(("status", "ours"), [(400, 400), (422, 400), (401, 502), (404, 502), (500, 502)])
+def test_upstream_refusals_map_to_the_party_at_fault(serve: Callable[..., LiveServer],
+                                                     serve_app: Callable[[Any], LiveServer], vocab: Any,
+                                                     status: int, ours: int) -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def refuse(request: Any) -> JSONResponse:
+        return JSONResponse({"error": {"message": f"no ({status})"}}, status_code=status)
+
+    upstream = serve_app(Starlette(routes=[Route("/v1/completions", refuse, methods=["POST"])]))
+    response = httpx.post(front(serve, vocab, [upstream.base_url + "/v1"]).base_url + "/v1/chat/completions",
+                          json={"model": MODEL, "messages": ASK}, timeout=30)
+    assert response.status_code == ours and f"no ({status})" in response.json()["error"]["message"]

@@ -10,6 +10,9 @@ from typing import Any
 import jsonschema
 
 _MAX_DEPTH = 8
+# A schema may ask for more (minLength: 10**9); the example stays small, and is then not valid.
+_MAX_ITEMS = 16
+_MAX_LENGTH = 256
 _FORMATS = {
     "date": "2024-01-01",
     "date-time": "2024-01-01T00:00:00Z",
@@ -27,8 +30,11 @@ def example_arguments(schema: dict[str, Any] | None) -> Any:
         return {}
     for optional in (True, False):
         value = _Example(schema, optional).value(schema, "value", 0)
-        if jsonschema.validators.validator_for(schema)(schema).is_valid(value):
-            return value
+        try:
+            if jsonschema.validators.validator_for(schema)(schema).is_valid(value):
+                return value
+        except Exception:  # unresolvable or endlessly recursive $refs: keep the best attempt
+            pass
     return value
 
 
@@ -76,9 +82,8 @@ class _Example:
             }
         if kind == "array":
             items = schema.get("items", {})
-            count = max(1, schema.get("minItems", 1))
-            if "maxItems" in schema:
-                count = min(count, schema["maxItems"])
+            count = min(_MAX_ITEMS, max(1, _int(schema.get("minItems"), 1)))
+            count = min(count, _int(schema.get("maxItems"), count))
             return [self.value(items, name, depth + 1) for _ in range(count)]
         if kind in ("integer", "number"):
             return _number(schema, integer=kind == "integer")
@@ -112,11 +117,12 @@ def _number(schema: dict[str, Any], integer: bool) -> int | float:
 
 
 def _string(schema: dict[str, Any], name: str) -> str:
-    text = _FORMATS.get(schema.get("format", ""), f"mock {name}")
-    minimum = schema.get("minLength", 0)
+    text = _FORMATS.get(str(schema.get("format", "")), f"mock {name}")
+    minimum = min(_MAX_LENGTH, _int(schema.get("minLength"), 0))
     if len(text) < minimum:
         text = text + "x" * (minimum - len(text))
-    maximum = schema.get("maxLength")
-    if isinstance(maximum, int):
-        text = text[:maximum]
-    return text
+    return text[: _int(schema.get("maxLength"), len(text))]
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default

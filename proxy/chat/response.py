@@ -42,6 +42,7 @@ class ChatTurn:
         self._calls: list[_Call] = []
         # where the open item's text goes: "content", "reasoning", a _Call, or None (ignored)
         self._target: Any = None
+        self._received = {"content": False, "reasoning": False}  # the field has text (shown or held back)
         self._separate = {"content": False, "reasoning": False}  # a new message starts after earlier text
 
     @property
@@ -107,14 +108,14 @@ class ChatTurn:
             return [{"tool_calls": [{**announce, "function": {"name": call.name, "arguments": ""}}]}]
         field = "reasoning" if event.kind is ItemKind.REASONING else "content"
         self._target = field
-        if self._content if field == "content" else self._reasoning:
-            self._separate[field] = True
+        self._separate[field] = self._received[field]
         return []
 
     def _text(self, field: str, text: str, deltas: list[dict[str, Any]]) -> None:
-        if self._separate[field] and text:
+        if self._separate[field]:
             self._separate[field] = False
             text = _SEPARATOR + text
+        self._received[field] = True
         if field == "reasoning":
             self._reasoning.append(text)
             deltas.append({self._reasoning_field: text})

@@ -13,7 +13,7 @@ from proxy.chat.request import ChatRequest, parse_chat_request
 from proxy.chat.response import ChatTurn, ChunkWriter, usage_body
 from proxy.disconnect import close_shielded, unless_disconnected
 from proxy.engines.base import EngineError
-from proxy.errors import APIError, from_engine
+from proxy.errors import from_engine
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request
@@ -53,7 +53,7 @@ async def chat_completions(request: Request) -> Response:
         if not chat.stream:
             await close_shielded(events)  # a stop string may have ended the turn early: stop the engine too
     turn.close()
-    failure = _failure(outcome, turn)
+    failure = None if turn.stopped else outcome.failure()
     if failure is not None:
         raise failure
     return JSONResponse(
@@ -84,6 +84,8 @@ async def tokenize(request: Request) -> Response:
 
 
 async def _fold(events: AsyncGenerator[list[Event], None], turn: ChatTurn) -> None:
+    if turn.stopped:  # a stop string in the first step: read no further, as a stream would not
+        return
     async for batch in events:
         turn.add(batch)
         if turn.stopped:
@@ -110,7 +112,7 @@ async def _frames(
                     break
         for delta in turn.close():
             yield data_frame(writer.delta(delta))
-        failure = _failure(outcome, turn)
+        failure = None if turn.stopped else outcome.failure()
         if failure is not None:
             yield data_frame(json.dumps(failure.body()))
         else:
@@ -124,12 +126,4 @@ async def _frames(
         await close_shielded(events)
     yield DONE
 
-
-def _failure(outcome: Outcome, turn: ChatTurn) -> APIError | None:
-    """An engine that cancelled or failed the request (not a stop string) fails the completion."""
-    if turn.stopped or outcome.finish_reason not in ("cancelled", "error"):
-        return None
-    if outcome.finish_reason == "cancelled":
-        return APIError(503, "The engine cancelled the request before it finished.", code="engine_cancelled")
-    return APIError(500, "The engine failed while generating.", type="server_error", code="engine_error")
 

@@ -17,7 +17,11 @@ _TEXT_PART = {
     "additionalProperties": False,
 }
 _TEXT_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}
-_ANY_PART = {"type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}}
+_ANY_PART = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"type": "string"}, "text": {"type": "string"}, "refusal": {"type": "string"}},
+}
 _TOOL_CALL = {
     "type": "object",
     "required": ["id", "type", "function"],
@@ -63,7 +67,8 @@ MESSAGES = {
                 "anyOf": [
                     {"type": "string"},
                     {"type": "null"},
-                    {"type": "array", "items": {**_ANY_PART, "properties": {"type": {"enum": ["text", "refusal"]}}}},
+                    {"type": "array", "items": {**_ANY_PART, "properties": {**_ANY_PART["properties"],
+                                                                             "type": {"enum": ["text", "refusal"]}}}},
                 ]
             },
             "name": {"type": "string"},
@@ -146,8 +151,8 @@ CHAT_REQUEST: dict[str, Any] = {
         "stop": {
             "anyOf": [
                 {"type": "null"},
-                {"type": "string", "minLength": 1},
-                {"type": "array", "items": {"type": "string", "minLength": 1}},
+                {"type": "string", "minLength": 1, "maxLength": 1024},
+                {"type": "array", "maxItems": 16, "items": {"type": "string", "minLength": 1, "maxLength": 1024}},
             ]
         },
         "n": {"type": ["integer", "null"], "minimum": 1},

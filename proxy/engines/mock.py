@@ -20,18 +20,19 @@ from tools.arguments import example_arguments
 from tools.definitions import FunctionTool
 
 _EFFORT = re.compile(r"^Reasoning: (\w+)$", re.MULTILINE)
-_SPECIAL_SPELLING = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 
 
 def mock_engine(vocab: Vocab, token_delay: float = 0.0) -> PlaybackEngine:
-    return PlaybackEngine("mock", vocab, MockModel(vocab).write, token_delay)
+    return PlaybackEngine("mock", MockModel(vocab).write, token_delay)
 
 
 class MockModel:
     def __init__(self, vocab: Vocab) -> None:
         self._vocab = vocab
 
-    def write(self, request: GenerationRequest) -> str:
+    def write(self, request: GenerationRequest) -> list[int]:
+        """The completion's token ids: Harmony markup as special tokens, anything echoed as plain text, so text
+        from the request can never turn into markup."""
         messages = self._messages(request.prompt_token_ids)
         system = next((body for author, body in messages if author == "system"), "")
         effort = _EFFORT.search(system)
@@ -44,18 +45,29 @@ class MockModel:
         )
         if last_author.startswith("functions.") and not constraint.tool_choice.forces_call:
             name = last_author.split(" ")[0][len("functions.") :]
-            return _analysis(f"{about} The last message is the result of {name}; summarize it.") + _final(
+            return self._analysis(f"{about} The last message is the result of {name}; summarize it.") + self._final(
                 f"[mock] The tool {name} returned: {_clip(last_body)}"
             )
         if tool is not None:
-            arguments = _SPECIAL_SPELLING.sub("", json.dumps(example_arguments(tool.parameters), ensure_ascii=False))
-            return _analysis(f"{about} Calling {tool.name}.") + (
-                f"<|start|>assistant<|channel|>commentary to=functions.{tool.name} <|constrain|>json"
-                f"<|message|>{arguments}<|call|>"
+            arguments = json.dumps(example_arguments(tool.parameters), ensure_ascii=False)
+            harmony = self._vocab.encode_harmony
+            return (
+                self._analysis(f"{about} Calling {tool.name}.")
+                + harmony(f"<|start|>assistant<|channel|>commentary to=functions.{tool.name} <|constrain|>json<|message|>")
+                + self._vocab.encode(arguments)
+                + harmony("<|call|>")
             )
-        return _analysis(f"{about} Answering directly.") + _final(
+        return self._analysis(f"{about} Answering directly.") + self._final(
             f"[mock] This is harmony-proxy's mock engine; no model is loaded. You said: {_clip(last_body)}"
         )
+
+    def _analysis(self, text: str) -> list[int]:
+        harmony = self._vocab.encode_harmony
+        return harmony("<|channel|>analysis<|message|>") + self._vocab.encode(text) + harmony("<|end|>")
+
+    def _final(self, text: str) -> list[int]:
+        harmony = self._vocab.encode_harmony
+        return harmony("<|start|>assistant<|channel|>final<|message|>") + self._vocab.encode(text) + harmony("<|return|>")
 
     def _messages(self, prompt: list[int]) -> list[tuple[str, str]]:
         """(header, body) of each complete message in the prompt, read at the token level."""
@@ -84,15 +96,6 @@ def _chosen_tool(tools: tuple[FunctionTool, ...], mode: str, name: str | None, u
     return mentioned if mode == "auto" else None
 
 
-def _analysis(text: str) -> str:
-    return f"<|channel|>analysis<|message|>{text}<|end|><|start|>assistant"
-
-
-def _final(text: str) -> str:
-    return f"<|channel|>final<|message|>{text}<|return|>"
-
-
 def _clip(text: str, limit: int = 200) -> str:
-    # Echoed text is re-encoded with special tokens allowed: spellings like <|end|> must not become tokens.
-    text = " ".join(_SPECIAL_SPELLING.sub("", text).split())
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,6 +1,6 @@
-"""An engine that plays Harmony text back as generated tokens, the way a real engine would stream them.
+"""An engine that plays a completion back as generated tokens, the way a real engine would stream them.
 
-The scripted and mock engines differ only in who writes the text; this one streams it: one token per step,
+The scripted and mock engines differ only in who writes the completion; this one streams it: one token per step,
 an optional delay between steps, `max_tokens` and `min_tokens` honoured, and a completion that does not end
 on a stop token finishes with `length`, as a real engine cut off by its token limit would.
 """
@@ -11,18 +11,16 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable
 
-from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, GenerationRequest, Step, Usage
 
 logger = logging.getLogger("harmony_proxy.engine")
 
-Author = Callable[[GenerationRequest], str]
+Author = Callable[[GenerationRequest], list[int]]  # the completion's token ids
 
 
 class PlaybackEngine:
-    def __init__(self, name: str, vocab: Vocab, author: Author, token_delay: float = 0.0) -> None:
+    def __init__(self, name: str, author: Author, token_delay: float = 0.0) -> None:
         self.name = name
-        self._vocab = vocab
         self._author = author
         self._token_delay = token_delay
 
@@ -41,7 +39,7 @@ class PlaybackEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
         try:
-            tokens = self._vocab.encode_harmony(self._author(request))
+            tokens = self._author(request)
         except Exception as exc:  # an author that fails is an engine failure, not a server crash
             raise EngineError(f"the {self.name} engine could not produce a completion: {exc}") from exc
         sampling = request.sampling

@@ -42,9 +42,9 @@ def read_script(path: Path) -> list[str]:
 
 
 def scripted_engine(vocab: Vocab, completions: list[str], token_delay: float = 0.0) -> PlaybackEngine:
-    lines = itertools.cycle(completions)
+    lines = itertools.cycle([vocab.encode_harmony(completion) for completion in completions])
 
-    def next_line(request: GenerationRequest) -> str:
+    def next_line(request: GenerationRequest) -> list[int]:
         return next(lines)
 
-    return PlaybackEngine("scripted", vocab, next_line, token_delay)
+    return PlaybackEngine("scripted", next_line, token_delay)

@@ -48,7 +48,8 @@ _FINISH: dict[str, FinishReason] = {
     "content_filter": "stop",
     "timeout": "error",
 }
-_RETRY_STATUSES = (502, 503, 504)  # an upstream that is down or overloaded: try the next one
+_RETRY_STATUSES = (408, 429, 502, 503, 504)  # an upstream that is down, overloaded or slow: try the next one
+_CLIENT_STATUSES = (400, 413, 422)  # the request itself is wrong (too long, say): the client should know
 
 
 class UpstreamEngine:
@@ -140,7 +141,8 @@ class UpstreamEngine:
             if response.status_code in _RETRY_STATUSES:
                 problems.append(f"{_public(url)}: HTTP {response.status_code} {message}")
                 continue
-            status = 400 if 400 <= response.status_code < 500 else 502
+            # Anything else (401, 403, 404, 500) is a problem between us and the upstream: a bad gateway.
+            status = 400 if response.status_code in _CLIENT_STATUSES else 502
             raise EngineError(
                 f"The upstream {_public(url)} refused the request (HTTP {response.status_code}): {message}",
                 status=status,
@@ -197,7 +199,8 @@ class UpstreamEngine:
         if tokens is None:
             text = choice.get("text")
             return self._vocab.encode_harmony(text) if text else []
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and t >= 0 for t in tokens):
+        valid = self._vocab.vocab_size
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < valid for t in tokens):
             raise EngineError(f"The upstream {_public(url)} sent invalid token ids.", status=502, code="upstream_error")
         return tokens
 
@@ -264,9 +267,10 @@ async def _error_message(response: httpx.Response) -> str:
 
 
 def _public(url: str) -> str:
-    """The URL as it may be shown: without user:password."""
+    """The URL as it may be shown: scheme, host, port and path; no user:password, query or fragment."""
     parsed = httpx.URL(url)
-    return str(parsed.copy_with(username=None, password=None)) if parsed.userinfo else url
+    port = f":{parsed.port}" if parsed.port else ""
+    return f"{parsed.scheme}://{parsed.host}{port}{parsed.path}"
 
 
 def _describe(exc: httpx.HTTPError) -> str:

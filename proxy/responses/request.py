@@ -141,10 +141,12 @@ def _input_list(raw: Any) -> list[Any]:
     return raw
 
 
-def _normalize(item: dict[str, Any], position: int) -> dict[str, Any]:
+def _normalize(item: Any, position: int) -> dict[str, Any]:
     where = f"input[{position}]"
+    if not isinstance(item, dict):
+        raise invalid_request("Each input item must be an object.", param=where)
     kind = item.get("type") or ("message" if "role" in item else "item_reference")
-    if kind not in _ITEM:
+    if not isinstance(kind, str) or kind not in _ITEM:
         raise invalid_request(f"Input item type {kind!r} is not supported.", param=f"{where}.type", code="invalid_value")
     check({**item, "type": kind}, _ITEM[kind], where)
     item = {**item, "type": kind}

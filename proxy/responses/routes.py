@@ -30,6 +30,9 @@ async def create_response(request: Request) -> Response:
         await read_json_object(request), config.default_reasoning_effort, config.served_model_name
     )
     state.check_model(parsed.model)
+    if parsed.background and state.responses is None:
+        raise invalid_request("Background responses need storage, which this server has off (--no-store).",
+                              param="background")
     state.require_ready()
     history, items = await resolve(parsed, state.responses)
     response_id = new_id("resp_")

@@ -100,11 +100,13 @@ class ResponseRun:
         return StoredResponse(self.resource(), self.input_items)
 
     def cancel(self) -> None:
+        self._output.close_open()
         self._status = "cancelled"
         self._completed_at = int(time.time())
 
     def interrupt(self, code: str, message: str) -> None:
         """Stopped by the server, not by a cancel request."""
+        self._output.close_open()
         self._fail(code, message)
         self._completed_at = int(time.time())
 

@@ -12,7 +12,9 @@ def _object(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": required, "properties": properties, "additionalProperties": False}
 
 
-_PART = {"type": "object", "required": ["type"], "properties": {"type": _STRING}}  # checked in request.py
+# Text parts are checked here; other part types are refused by request.py with a clearer message.
+_PART = {"type": "object", "required": ["type"],
+         "properties": {"type": _STRING, "text": _STRING, "refusal": _STRING}}
 _STATUS = {"enum": ["in_progress", "completed", "incomplete", None]}
 
 ITEMS: dict[str, dict[str, Any]] = {

@@ -146,8 +146,12 @@ class SQLiteResponseStore:
 
     async def items(self, item_ids: list[str]) -> dict[str, dict[str, Any]]:
         def read(db: sqlite3.Connection) -> list[tuple[str, str]]:
-            marks = ",".join("?" * len(item_ids))
-            return db.execute(f"SELECT id, item FROM items WHERE id IN ({marks})", item_ids).fetchall()
+            rows = []
+            for start in range(0, len(item_ids), 500):  # SQLite caps the variables of one statement
+                chunk = item_ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows += db.execute(f"SELECT id, item FROM items WHERE id IN ({marks})", chunk).fetchall()
+            return rows
 
         return {item_id: json.loads(item) for item_id, item in await self._run(read)} if item_ids else {}
 
