@@ -75,9 +75,9 @@ class SlowStart(Wrapper):
 
 
 class Failing(Wrapper):
-    """Raises `error` after `after` steps of the wrapped engine."""
+    """Raises `error` after `after` steps of the wrapped engine: an EngineError, or any exception (a bug)."""
 
-    def __init__(self, inner: Engine, error: EngineError, after: int = 0) -> None:
+    def __init__(self, inner: Engine, error: Exception, after: int = 0) -> None:
         super().__init__(inner)
         self.error = error
         self.after = after
@@ -113,22 +113,3 @@ class Unhealthy(Wrapper):
     async def check_health(self) -> None:
         raise EngineError("upstream http://10.0.0.1:8000 is not answering", status=503, code="upstream_unavailable")
 
-
-class Broken(Wrapper):
-    """Fails with an unexpected exception (a bug, not an EngineError) after `after` steps."""
-
-    def __init__(self, inner: Engine, after: int) -> None:
-        super().__init__(inner)
-        self.after = after
-
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
-        steps = self.inner.generate(request)
-        try:
-            count = 0
-            async for step in steps:
-                if count == self.after:
-                    raise KeyError("internal detail that must not reach the client")
-                count += 1
-                yield step
-        finally:
-            await steps.aclose()

@@ -267,9 +267,8 @@ def test_tokenize_shows_the_rendered_prompt(serve: Callable[..., LiveServer], vo
 def test_an_engine_bug_is_a_clean_error_without_internals(
     serve: Callable[..., LiveServer], vocab: Any, after: int
 ) -> None:
-    from tests.engines import Broken
-
-    server = serve(engine=Broken(scripted_engine(vocab, [ANSWER]), after=after))
+    bug = KeyError("internal detail that must not reach the client")
+    server = serve(engine=Failing(scripted_engine(vocab, [ANSWER]), bug, after=after))
     plain = httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30)
     assert plain.status_code == 500
     assert plain.json()["error"]["code"] == "engine_error" and "internal detail" not in plain.text
