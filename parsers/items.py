@@ -14,7 +14,6 @@ class OutputItem:
     name: str | None = None  # function name, for tool calls
     pieces: list[str] = field(default_factory=list, repr=False)
     complete: bool = False
-    done: bool = False
     token_count: int = 0
 
     @property
@@ -36,7 +35,7 @@ class ItemCollector:
                 self.items.append(OutputItem(event.kind, event.name))
             elif isinstance(event, ItemDone):
                 item = self.items[event.index]
-                item.complete, item.done, item.token_count = event.complete, True, event.token_count
+                item.complete, item.token_count = event.complete, event.token_count
 
     def summary(self) -> list[tuple[str, str | None, str, bool]]:
         """(kind, name, text, complete) per item: a plain value to compare in tests and fixtures."""
