@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     playback = serve.add_argument_group("scripted and mock engines")
     playback.add_argument("--script", type=Path, help="JSON Lines completions for --engine scripted")
-    playback.add_argument("--token-delay-ms", type=float, default=0.0, help="delay between generated tokens")
+    playback.add_argument("--token-delay-ms", type=float, default=0.0, help="delay between engine steps")
+    playback.add_argument("--tokens-per-step", type=int, default=1,
+                          help="tokens per engine step (TensorRT-LLM's stream_interval); default 1")
 
     trtllm = serve.add_argument_group("trtllm engine (flags as trtllm-serve; dashes or underscores)")
     trtllm.add_argument("--model", help="Hugging Face id or local path (or give it as the first argument)")
@@ -191,9 +193,9 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab, config: Ser
     if name == "scripted":
         if args.script is None:
             raise StartupError("--engine scripted needs --script FILE (JSON Lines of {\"completion\": ...})")
-        return scripted_engine(vocab, read_script(args.script), delay)
+        return scripted_engine(vocab, read_script(args.script), delay, args.tokens_per_step)
     if name == "mock":
-        return mock_engine(vocab, delay)
+        return mock_engine(vocab, delay, args.tokens_per_step)
     if name == "upstream":
         from proxy.engines.upstream import UpstreamEngine
 

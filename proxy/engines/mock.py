@@ -22,8 +22,8 @@ from tools.definitions import FunctionTool
 _EFFORT = re.compile(r"^Reasoning: (\w+)$", re.MULTILINE)
 
 
-def mock_engine(vocab: Vocab, token_delay: float = 0.0) -> PlaybackEngine:
-    return PlaybackEngine("mock", MockModel(vocab).write, token_delay)
+def mock_engine(vocab: Vocab, token_delay: float = 0.0, tokens_per_step: int = 1) -> PlaybackEngine:
+    return PlaybackEngine("mock", MockModel(vocab).write, token_delay, tokens_per_step)
 
 
 class MockModel:

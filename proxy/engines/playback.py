@@ -1,7 +1,7 @@
 """An engine that plays a completion back as generated tokens, the way a real engine would stream them.
 
-The scripted and mock engines differ only in who writes the completion; this one streams it: one token per step,
-an optional delay between steps, `max_tokens` and `min_tokens` honoured, and a completion that does not end
+The scripted and mock engines differ only in who writes the completion; this one streams it: one token per step
+(or `tokens_per_step`, as TensorRT-LLM's `stream_interval` sends them), an optional delay between steps, `max_tokens` and `min_tokens` honoured, and a completion that does not end
 on a stop token finishes with `length`, as a real engine cut off by its token limit would.
 """
 
@@ -19,10 +19,11 @@ Author = Callable[[GenerationRequest], list[int]]  # the completion's token ids
 
 
 class PlaybackEngine:
-    def __init__(self, name: str, author: Author, token_delay: float = 0.0) -> None:
+    def __init__(self, name: str, author: Author, token_delay: float = 0.0, tokens_per_step: int = 1) -> None:
         self.name = name
         self._author = author
         self._token_delay = token_delay
+        self._tokens_per_step = max(1, tokens_per_step)
 
     @property
     def ready(self) -> bool:
@@ -46,16 +47,21 @@ class PlaybackEngine:
         stops = frozenset(() if sampling.ignore_eos else sampling.stop_token_ids)
         generated = 0
         finish = "length"
+        per_step, limit = self._tokens_per_step, min(len(tokens), sampling.max_tokens)
         try:
-            for token in tokens:
-                if generated >= sampling.max_tokens:
-                    break
+            while generated < limit:
                 # Sleep even for 0 s: like a real engine, give the event loop (other requests, disconnects) a turn.
                 await asyncio.sleep(self._token_delay)
-                generated += 1
-                yield Step((token,))
-                if token in stops and generated >= sampling.min_tokens:
-                    finish = "stop"
+                step: list[int] = []
+                while len(step) < per_step and generated < limit:
+                    token = tokens[generated]
+                    generated += 1
+                    step.append(token)
+                    if token in stops and generated >= sampling.min_tokens:
+                        finish = "stop"
+                        break
+                yield Step(step)
+                if finish == "stop":
                     break
         except (GeneratorExit, asyncio.CancelledError):
             logger.info("%s engine: request %s cancelled after %d tokens", self.name, request.request_id, generated)

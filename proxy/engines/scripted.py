@@ -41,10 +41,12 @@ def read_script(path: Path) -> list[str]:
     return completions
 
 
-def scripted_engine(vocab: Vocab, completions: list[str], token_delay: float = 0.0) -> PlaybackEngine:
+def scripted_engine(
+    vocab: Vocab, completions: list[str], token_delay: float = 0.0, tokens_per_step: int = 1
+) -> PlaybackEngine:
     lines = itertools.cycle([vocab.encode_harmony(completion) for completion in completions])
 
     def next_line(request: GenerationRequest) -> list[int]:
         return next(lines)
 
-    return PlaybackEngine("scripted", next_line, token_delay)
+    return PlaybackEngine("scripted", next_line, token_delay, tokens_per_step)
