@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncGenerator
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 from starlette.requests import Request
@@ -21,7 +22,7 @@ from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint,
 from proxy.errors import from_engine, invalid_request
 from proxy.generation import Outcome, tracked_steps
 from proxy.ids import new_id
-from proxy.sse import DONE, data_frame, event_stream
+from proxy.sse import DONE, EventStream, data_frame
 from proxy.state import ServerState
 from proxy.stop_strings import StopMatcher
 from proxy.validation import check, compile_schema, read_json_object
@@ -89,7 +90,7 @@ async def completions(request: Request) -> Response:
     try:
         first = await unless_disconnected(request, anext(steps))
         if body.get("stream"):
-            return event_stream(_frames(first, steps, completion, outcome, body))  # it closes `steps`
+            return EventStream(_frames(first, steps, completion, outcome, body))  # it closes `steps`
         completion.add(first)
         await unless_disconnected(request, _fold(steps, completion))
     finally:
@@ -202,16 +203,17 @@ async def _fold(steps: AsyncGenerator[Step, None], completion: _Completion) -> N
 async def _frames(
     first: Step, steps: AsyncGenerator[Step, None], completion: _Completion, outcome: Outcome, body: dict[str, Any]
 ) -> AsyncGenerator[bytes, None]:
-    head = completion.head
+    """One item per engine step; the chunk's fixed parts are rendered once, so a step costs one string escape."""
     options = body.get("stream_options") or {}
+    before = b"data: " + _json(completion.head)[:-1].encode() + b',"choices":[{"index":0,"text":'  # up to the text
+    after = b',"logprobs":null,"finish_reason":null}]}\n\n'
+    ids_after = b'],"logprobs":null,"finish_reason":null}]}\n\n'
 
-    def chunk(text: str, tokens: list[int], finish: dict[str, Any] | None = None) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
-        if finish:
-            choice.update(finish)
+    def chunk(text: str, tokens: list[int]) -> bytes:
+        escaped = encode_basestring(text).encode()
         if completion.return_token_ids:
-            choice["token_ids"] = tokens
-        return data_frame(_json({**head, "choices": [choice]}))
+            return b"%s%s,\"token_ids\":[%s%s" % (before, escaped, ",".join(map(str, tokens)).encode(), ids_after)
+        return before + escaped + after
 
     try:
         text, tokens = completion.add(first)
@@ -227,16 +229,19 @@ async def _frames(
         tail = completion.close()
         failure = None if completion.stopped else outcome.failure()
         if failure is not None:
-            yield data_frame(json.dumps(failure.body()))
+            end = data_frame(json.dumps(failure.body()))
         else:
-            yield chunk(tail, [], completion.finish(outcome))
+            choice: dict[str, Any] = {"index": 0, "text": tail, "logprobs": None, **completion.finish(outcome)}
+            if completion.return_token_ids:
+                choice["token_ids"] = []
+            end = data_frame(_json({**completion.head, "choices": [choice]}))
             if options.get("include_usage"):
-                yield data_frame(_json({**head, "choices": [], "usage": _usage(outcome)}))
+                end += data_frame(_json({**completion.head, "choices": [], "usage": _usage(outcome)}))
     except EngineError as exc:
-        yield data_frame(json.dumps(from_engine(exc).body()))
+        end = data_frame(json.dumps(from_engine(exc).body()))
     finally:
         await close_shielded(steps)
-    yield DONE
+    yield end + DONE
 
 
 def _json(payload: dict[str, Any]) -> str:

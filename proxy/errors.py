@@ -51,7 +51,8 @@ def invalid_request(message: str, param: str | None = None, code: str | None = N
 
 
 def from_engine(exc: EngineError) -> APIError:
-    return APIError(exc.status, exc.message, code=exc.code)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+    return APIError(exc.status, exc.message, code=exc.code, headers=headers)
 
 
 def model_not_found(model: Any) -> APIError:

@@ -1,13 +1,28 @@
-"""Server-sent events: frames are formatted here as bytes, sent by sse-starlette (which also notices a
-client that goes away and cancels the stream)."""
+"""Server-sent events, written straight to the ASGI `send`.
+
+A stream is an async iterator of bytes; each item holds the whole SSE frames of one engine step, and is one
+`send`. Nothing runs per frame but that `send`: a watcher task per stream (not per frame) notices the client
+leaving, which cancels the stream (closing the frame iterator, and so the engine request), and keeps idle
+proxies open with a comment while the model thinks. sse-starlette wrapped every frame in a cancel scope and a
+timeout, which cost more than everything else on the token path (the profile in the README's benchmarks).
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
-from sse_starlette import EventSourceResponse
+from starlette.types import Receive, Scope, Send
+
+from proxy.disconnect import close_shielded
 
 DONE = b"data: [DONE]\n\n"
+PING = b": ping\n\n"
+_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+]
 
 
 def data_frame(payload: str) -> bytes:
@@ -18,6 +33,45 @@ def event_frame(event: str, payload: str) -> bytes:
     return b"event: " + event.encode() + b"\ndata: " + payload.encode() + b"\n\n"
 
 
-def event_stream(frames: AsyncIterator[bytes]) -> EventSourceResponse:
-    # Keep-alive comments every 15 s hold idle proxies open while the model thinks.
-    return EventSourceResponse(frames, sep="\n", ping=15)
+class EventStream:
+    """A `text/event-stream` response (an ASGI application, as Starlette responses are)."""
+
+    def __init__(self, frames: AsyncIterator[bytes], ping_interval: float = 15.0) -> None:
+        self._frames = frames
+        self._ping_interval = ping_interval
+        self._client_left = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+        # The frames are pumped by a task of their own: resuming it after each engine step then goes through a
+        # few coroutine frames, not through every middleware layer that awaits this response.
+        pump = asyncio.create_task(self._pump(send))
+        watcher = asyncio.create_task(self._watch(receive, send, pump))
+        try:
+            await pump
+        except asyncio.CancelledError:
+            if not self._client_left:
+                pump.cancel()  # we are cancelled (server shutdown): so is the stream
+                raise
+        finally:
+            watcher.cancel()
+
+    async def _pump(self, send: Send) -> None:
+        try:
+            async for chunk in self._frames:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await close_shielded(self._frames)  # type: ignore[arg-type]
+
+    async def _watch(self, receive: Receive, send: Send, pump: asyncio.Task[None]) -> None:
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), self._ping_interval)
+            except TimeoutError:
+                await send({"type": "http.response.body", "body": PING, "more_body": True})
+                continue
+            if message["type"] == "http.disconnect":
+                self._client_left = True
+                pump.cancel()
+                return

@@ -59,5 +59,6 @@ def test_a_held_back_message_still_gets_its_separator() -> None:
         turn = ChatTurn("reasoning_content", True, stops, lambda: "call_1")
         events = [ItemStarted(0, ItemKind.PREAMBLE), "ab", ItemDone(0, True, 1),
                   ItemStarted(1, ItemKind.FINAL), "d", ItemDone(1, True, 1)]
-        streamed = "".join(delta.get("content", "") for delta in turn.add(events) + turn.close())
+        deltas = turn.add(events) + turn.close()
+        streamed = "".join(delta[1] for delta in deltas if type(delta) is tuple and delta[0] == "content")
         assert streamed == turn.message()["content"] == "ab\n\nd", stops

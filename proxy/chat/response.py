@@ -3,12 +3,17 @@
 Mapping: reasoning → the reasoning field; final answers and commentary preambles → `content` (separate
 messages joined by a blank line); tool calls → `tool_calls`, each announced once with its id, type and name,
 then argument fragments. With `parallel_tool_calls: false` only the first call is kept.
+
+The token path is hot, so a text delta is a plain `(key, text)` tuple (key: `content`, the reasoning field, or a
+tool call's index), the texts of one engine step that go to the same place are sent as one delta, and
+`ChunkWriter` writes it between bytes it rendered once per response, so a delta costs one JSON string escape.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 from parsers.events import Event, ItemKind, ItemStarted
@@ -16,10 +21,12 @@ from proxy.engines.base import FinishReason, Usage
 from proxy.stop_strings import StopMatcher
 
 _SEPARATOR = "\n\n"
+TextDelta = tuple[str | int, str]  # (content | the reasoning field | a tool call's index, text)
+Delta = TextDelta | dict[str, Any]  # dicts are the rare rest: role, tool call announcements
 
 
 class _Call:
-    __slots__ = ("index", "id", "name", "pieces")
+    __slots__ = ("id", "index", "name", "pieces")
 
     def __init__(self, index: int, call_id: str, name: str) -> None:
         self.index, self.id, self.name, self.pieces = index, call_id, name, []
@@ -50,9 +57,11 @@ class ChatTurn:
         """A stop string was hit: nothing more is added, and the engine should be stopped."""
         return self._stop.hit
 
-    def add(self, events: Iterable[Event]) -> list[dict[str, Any]]:
-        """Fold events in; return the deltas a stream should send for them."""
-        deltas: list[dict[str, Any]] = []
+    def add(self, events: Iterable[Event]) -> list[Delta]:
+        """Fold events in; return the deltas a stream should send for them (text to one place merged)."""
+        deltas: list[Delta] = []
+        key: str | int | None = None  # where the pending text goes
+        pending: list[str] = []
         for event in events:
             if self._stop.hit:
                 break
@@ -60,20 +69,37 @@ class ChatTurn:
                 target = self._target
                 if isinstance(target, _Call):
                     target.pieces.append(event)
-                    deltas.append({"tool_calls": [{"index": target.index, "function": {"arguments": event}}]})
+                    to = target.index
                 elif target is not None:
-                    self._text(target, event, deltas)
+                    event = self._text(target, event)
+                    if not event:
+                        continue
+                    to = self._reasoning_field if target == "reasoning" else "content"
+                else:
+                    continue
+                if to != key and pending:
+                    deltas.append((key, "".join(pending)))  # type: ignore[arg-type]
+                    pending = []
+                key = to
+                pending.append(event)
             elif isinstance(event, ItemStarted):
-                deltas.extend(self._start(event))
+                announce = self._start(event)
+                if announce is not None:
+                    if pending:
+                        deltas.append((key, "".join(pending)))  # type: ignore[arg-type]
+                        pending = []
+                    deltas.append(announce)
+        if pending:
+            deltas.append((key, "".join(pending)))  # type: ignore[arg-type]
         return deltas
 
-    def close(self) -> list[dict[str, Any]]:
+    def close(self) -> list[Delta]:
         """The generation ended: release answer text held back while it might have begun a stop string."""
         held = self._stop.flush()
         if not held:
             return []
         self._content.append(held)
-        return [{"content": held}]
+        return [("content", held)]
 
     def finish_reason(self, engine_reason: FinishReason | None) -> str:
         if self._stop.hit:
@@ -96,34 +122,34 @@ class ChatTurn:
             ]
         return message
 
-    def _start(self, event: ItemStarted) -> list[dict[str, Any]]:
+    def _start(self, event: ItemStarted) -> dict[str, Any] | None:
         if event.kind is ItemKind.TOOL_CALL:
             if self._calls and not self._parallel:
                 self._target = None
-                return []
+                return None
             call = _Call(len(self._calls), self._new_call_id(), event.name or "")
             self._calls.append(call)
             self._target = call
             announce = {"index": call.index, "id": call.id, "type": "function"}
-            return [{"tool_calls": [{**announce, "function": {"name": call.name, "arguments": ""}}]}]
+            return {"tool_calls": [{**announce, "function": {"name": call.name, "arguments": ""}}]}
         field = "reasoning" if event.kind is ItemKind.REASONING else "content"
         self._target = field
         self._separate[field] = self._received[field]
-        return []
+        return None
 
-    def _text(self, field: str, text: str, deltas: list[dict[str, Any]]) -> None:
+    def _text(self, field: str, text: str) -> str:
+        """Fold text in; return what may be shown now (answer text may be held back for stop strings)."""
         if self._separate[field]:
             self._separate[field] = False
             text = _SEPARATOR + text
         self._received[field] = True
         if field == "reasoning":
             self._reasoning.append(text)
-            deltas.append({self._reasoning_field: text})
-            return
+            return text
         text = self._stop.feed(text)
         if text:
             self._content.append(text)
-            deltas.append({"content": text})
+        return text
 
 
 def usage_body(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:
@@ -139,20 +165,46 @@ def usage_body(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:
 
 
 class ChunkWriter:
-    """Serializes `chat.completion.chunk`s; the parts that never change are rendered once per response."""
+    """Serializes `chat.completion.chunk` SSE frames; what never changes is rendered to bytes once per response."""
 
     def __init__(self, completion_id: str, created: int, model: str, include_usage: bool) -> None:
         head = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model}
         self._head = json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1]  # without the closing brace
         self._usage_null = ',"usage":null' if include_usage else ""
         self._open = self._head + ',"choices":[{"index":0,"delta":'
+        self._text_frames: dict[str | int, tuple[bytes, bytes]] = {}  # delta key -> bytes before and after the text
 
-    def delta(self, delta: dict[str, Any]) -> str:
-        body = json.dumps(delta, ensure_ascii=False, separators=(",", ":"))
-        return f'{self._open}{body},"logprobs":null,"finish_reason":null}}]{self._usage_null}}}'
+    def frames(self, deltas: Iterable[Delta]) -> bytes:
+        """The SSE frames of a step's deltas, one chunk each."""
+        parts: list[bytes] = []
+        for delta in deltas:
+            if type(delta) is tuple:
+                key, text = delta
+                around = self._text_frames.get(key) or self._text_frame(key)
+                parts += (around[0], encode_basestring(text).encode(), around[1])
+            else:
+                parts.append(self._frame(json.dumps(delta, ensure_ascii=False, separators=(",", ":"))))
+        return b"".join(parts)
 
-    def finish(self, reason: str) -> str:
-        return f'{self._open}{{}},"logprobs":null,"finish_reason":"{reason}"}}]{self._usage_null}}}'
+    def finish(self, reason: str) -> bytes:
+        return self._frame(f'{{}},"logprobs":null,"finish_reason":"{reason}"}}]{self._usage_null}}}', opened=False)
 
-    def usage(self, usage: dict[str, Any]) -> str:
-        return f'{self._head},"choices":[],"usage":{json.dumps(usage, separators=(",", ":"))}}}'
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        return f'data: {self._head},"choices":[],"usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'.encode()
+
+    def _frame(self, rest: str, opened: bool = True) -> bytes:
+        if opened:
+            rest += f',"logprobs":null,"finish_reason":null}}]{self._usage_null}}}'
+        return f"data: {self._open}{rest}\n\n".encode()
+
+    def _text_frame(self, key: str | int) -> tuple[bytes, bytes]:
+        before = f"data: {self._open}"
+        if isinstance(key, int):  # a tool call's arguments
+            before += f'{{"tool_calls":[{{"index":{key},"function":{{"arguments":'
+            after = "}}]}"
+        else:
+            before += f'{{"{key}":'
+            after = "}"
+        after += f',"logprobs":null,"finish_reason":null}}]{self._usage_null}}}\n\n'
+        self._text_frames[key] = around = (before.encode(), after.encode())
+        return around

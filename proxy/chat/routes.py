@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncGenerator
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -17,9 +18,11 @@ from proxy.errors import from_engine
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request
-from proxy.sse import DONE, data_frame, event_stream
+from proxy.sse import DONE, EventStream, data_frame
 from proxy.state import ServerState
 from proxy.validation import read_json_object
+
+_ROLE = {"role": "assistant", "content": ""}  # the first delta, as OpenAI sends it
 
 
 async def chat_completions(request: Request) -> Response:
@@ -46,7 +49,7 @@ async def chat_completions(request: Request) -> Response:
         first = await unless_disconnected(request, anext(events))
         if chat.stream:
             writer = ChunkWriter(completion_id, int(time.time()), chat.model, chat.include_usage)
-            return event_stream(_frames(first, events, turn, outcome, writer, chat))  # it closes `events`
+            return EventStream(_frames(first, events, turn, outcome, writer, chat))  # it closes `events`
         turn.add(first)
         await unless_disconnected(request, _fold(events, turn))
     finally:
@@ -100,30 +103,27 @@ async def _frames(
     writer: ChunkWriter,
     chat: ChatRequest,
 ) -> AsyncGenerator[bytes, None]:
+    """One item per engine step: the frames of its deltas; the last item closes the stream."""
     try:
-        yield data_frame(writer.delta({"role": "assistant", "content": ""}))
-        for delta in turn.add(first):
-            yield data_frame(writer.delta(delta))
+        yield writer.frames([_ROLE, *turn.add(first)])
         if not turn.stopped:
             async for batch in events:
-                for delta in turn.add(batch):
-                    yield data_frame(writer.delta(delta))
+                deltas = turn.add(batch)
+                if deltas:
+                    yield writer.frames(deltas)
                 if turn.stopped:
                     break
-        for delta in turn.close():
-            yield data_frame(writer.delta(delta))
+        end = writer.frames(turn.close())
         failure = None if turn.stopped else outcome.failure()
         if failure is not None:
-            yield data_frame(json.dumps(failure.body()))
+            end += data_frame(json.dumps(failure.body()))
         else:
-            yield data_frame(writer.finish(turn.finish_reason(outcome.finish_reason)))
+            end += writer.finish(turn.finish_reason(outcome.finish_reason))
             if chat.include_usage:
-                yield data_frame(writer.usage(usage_body(outcome.usage, outcome.reasoning_tokens)))
+                end += writer.usage(usage_body(outcome.usage, outcome.reasoning_tokens))
     except EngineError as exc:
         # Headers are sent: the error goes in the stream, where the openai SDK and LiteLLM raise it.
-        yield data_frame(json.dumps(from_engine(exc).body()))
+        end = data_frame(json.dumps(from_engine(exc).body()))
     finally:
         await close_shielded(events)
-    yield DONE
-
-
+    yield end + DONE

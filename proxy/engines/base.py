@@ -82,13 +82,15 @@ class Step:
 
 
 class EngineError(Exception):
-    """A request the engine could not serve. `status` is the HTTP status it should become."""
+    """A request the engine could not serve. `status` is the HTTP status it should become; `retry_after`
+    (seconds) tells the client when to try again (429, 503)."""
 
-    def __init__(self, message: str, status: int = 500, code: str | None = None) -> None:
+    def __init__(self, message: str, status: int = 500, code: str | None = None, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.code = code
+        self.retry_after = retry_after
 
 
 class Engine(Protocol):

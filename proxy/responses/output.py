@@ -4,23 +4,30 @@ Per item, the events come in the order the openai SDK's `responses.stream()` che
 for reasoning and messages `content_part.added`, text deltas, the text's `.done`, `content_part.done`; for a
 function call its arguments' deltas and `.done`; then `output_item.done`. Ids and output indexes are the ones
 the final response object holds.
+
+The token path is hot: a text delta is a `(item, text)` tuple, the texts of one engine step for the same item
+are one delta, and each item renders the start of its delta events once (`delta_prefixes`), so a delta costs
+one JSON string escape when it is written (`proxy/responses/frames.py`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from parsers.events import Event, ItemDone, ItemKind, ItemStarted
 
 Payload = dict[str, Any]
+TextDelta = tuple["Item", str]  # text added to an item; written as that item's delta events
 
 
-class _Item:
-    __slots__ = ("index", "body", "kind", "pieces")
+class Item:
+    __slots__ = ("body", "delta_prefixes", "index", "kind", "pieces")
 
     def __init__(self, index: int, body: dict[str, Any], kind: ItemKind) -> None:
         self.index, self.body, self.kind, self.pieces = index, body, kind, []
+        self.delta_prefixes: tuple[bytes, ...] = ()  # each delta event's frame up to the delta text
 
     @property
     def text(self) -> str:
@@ -39,21 +46,28 @@ class ResponseOutput:
         self._max_tool_calls = max_tool_calls
         self._summaries = reasoning_summaries  # also send the reasoning as summary events (LangChain, AI SDK)
         self._reasoning_event = reasoning_event  # OpenAI SDK's name, or the Open Responses spec's response.reasoning
-        self._items: list[_Item] = []
-        self._open: _Item | None = None  # None also while a call past max_tool_calls is skipped
+        self._items: list[Item] = []
+        self._open: Item | None = None  # None also while a call past max_tool_calls is skipped
         self.tool_calls = 0
 
-    def add(self, events: Iterable[Event]) -> list[Payload]:
-        payloads: list[Payload] = []
+    def add(self, events: Iterable[Event]) -> list[Payload | TextDelta]:
+        payloads: list[Payload | TextDelta] = []
+        pending: list[str] = []  # text for the open item, sent as one delta
         for event in events:
             if type(event) is str:
                 if self._open is not None:
                     self._open.pieces.append(event)
-                    payloads += self._delta(self._open, event)
-            elif isinstance(event, ItemStarted):
+                    pending.append(event)
+                continue
+            if pending:
+                payloads.append((self._open, "".join(pending)))  # type: ignore[arg-type]
+                pending = []
+            if isinstance(event, ItemStarted):
                 payloads += self._start(event)
             elif isinstance(event, ItemDone) and self._open is not None:
                 payloads += self._finish(self._open, "completed" if event.complete else "incomplete")
+        if pending:
+            payloads.append((self._open, "".join(pending)))  # type: ignore[arg-type]
         return payloads
 
     def close_open(self) -> list[Payload]:
@@ -80,7 +94,8 @@ class ResponseOutput:
         else:
             body = {"id": self._new_id("msg_"), "type": "message", "status": "in_progress", "role": "assistant",
                     "phase": "commentary" if kind is ItemKind.PREAMBLE else "final_answer", "content": []}
-        item = _Item(len(self._items), body, kind)
+        item = Item(len(self._items), body, kind)
+        item.delta_prefixes = self._delta_prefixes(item)
         self._items.append(item)
         self._open = item
         where = {"item_id": body["id"], "output_index": item.index}
@@ -97,19 +112,19 @@ class ResponseOutput:
                              "part": _part(kind, "")})
         return payloads
 
-    def _delta(self, item: _Item, text: str) -> list[Payload]:
+    def _delta_prefixes(self, item: Item) -> tuple[bytes, ...]:
         where = {"item_id": item.body["id"], "output_index": item.index}
         if item.kind is ItemKind.TOOL_CALL:
-            return [{"type": "response.function_call_arguments.delta", **where, "delta": text}]
+            return (_delta_prefix({"type": "response.function_call_arguments.delta", **where}),)
         if item.kind is ItemKind.REASONING:
-            payloads = [{"type": f"{self._reasoning_event}.delta", **where, "content_index": 0, "delta": text}]
+            prefixes = [_delta_prefix({"type": f"{self._reasoning_event}.delta", **where, "content_index": 0})]
             if self._summaries:
-                payloads.append({"type": "response.reasoning_summary_text.delta", **where, "summary_index": 0,
-                                 "delta": text})
-            return payloads
-        return [{"type": "response.output_text.delta", **where, "content_index": 0, "delta": text, "logprobs": []}]
+                prefixes.append(_delta_prefix({"type": "response.reasoning_summary_text.delta", **where,
+                                               "summary_index": 0}))
+            return tuple(prefixes)
+        return (_delta_prefix({"type": "response.output_text.delta", **where, "content_index": 0, "logprobs": []}),)
 
-    def _finish(self, item: _Item, status: str) -> list[Payload]:
+    def _finish(self, item: Item, status: str) -> list[Payload]:
         self._open = None
         item.body["status"] = status
         body = self._body(item, status)
@@ -135,7 +150,7 @@ class ResponseOutput:
         payloads.append({"type": "response.output_item.done", "output_index": item.index, "item": body})
         return payloads
 
-    def _body(self, item: _Item, status: str) -> dict[str, Any]:
+    def _body(self, item: Item, status: str) -> dict[str, Any]:
         text = item.text
         body = {**item.body, "status": status}
         if item.kind is ItemKind.TOOL_CALL:
@@ -152,3 +167,9 @@ def _part(kind: ItemKind, text: str) -> dict[str, Any]:
     if kind is ItemKind.REASONING:
         return {"type": "reasoning_text", "text": text}
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _delta_prefix(fields: dict[str, Any]) -> bytes:
+    """A delta event's SSE frame up to its text: `event: T\ndata: {...,"delta":`."""
+    head = json.dumps(fields, ensure_ascii=False, separators=(",", ":"))[:-1]
+    return f'event: {fields["type"]}\ndata: {head},"delta":'.encode()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -14,11 +13,12 @@ from proxy.errors import APIError, invalid_request
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request
+from proxy.responses.frames import EventWriter
 from proxy.responses.output import ResponseOutput
 from proxy.responses.request import parse_responses_request, prompt_for, resolve
 from proxy.responses.run import ResponseRun
 from proxy.responses.store import StoredResponse
-from proxy.sse import event_frame, event_stream
+from proxy.sse import EventStream
 from proxy.state import ServerState
 from proxy.validation import read_json_object
 
@@ -62,7 +62,7 @@ async def create_response(request: Request) -> Response:
         return JSONResponse(run.resource())
     await unless_disconnected(request, run.start())
     if parsed.stream:
-        return event_stream(_frames(run, state))
+        return EventStream(_frames(run, state))
     final = await unless_disconnected(request, _complete(run))
     if stored:
         await state.responses.save(run.record())
@@ -144,10 +144,8 @@ async def _complete(run: ResponseRun) -> dict[str, Any]:
 
 
 async def _frames(run: ResponseRun, state: ServerState) -> AsyncGenerator[bytes, None]:
-    sequence = 0
-    async for payload in run.events():
-        payload["sequence_number"] = sequence
-        sequence += 1
-        yield event_frame(payload["type"], json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+    writer = EventWriter()
+    async for batch in run.batches():
+        yield writer.frames(batch)
     if run.request.store and state.responses is not None:
         await state.responses.save(run.record())

@@ -1,8 +1,10 @@
 """One response being generated: its lifecycle events and its response object, streamed or not.
 
-`ResponseRun.events()` yields every streaming event payload, `response.created` first and the terminal event
-(`response.completed`, `.incomplete` or `.failed`) last; a non-streamed or background response consumes the
-same events, so all three give the same response object.
+`ResponseRun.batches()` yields the streaming events of each engine step, `response.created` first and the
+terminal event (`response.completed`, `.incomplete` or `.failed`) last; text deltas are `(item, text)` tuples
+for `proxy/responses/frames.py` to write. A non-streamed or background response consumes the same events
+through `events()`, which leaves the deltas out (the items hold their text), so all three give the same
+response object.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from parsers.events import Event
 from proxy.disconnect import close_shielded
 from proxy.engines.base import EngineError
 from proxy.generation import Outcome
-from proxy.responses.output import Payload, ResponseOutput
+from proxy.responses.output import Payload, ResponseOutput, TextDelta
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.resource import response_object
 from proxy.responses.store import StoredResponse
@@ -57,21 +59,28 @@ class ResponseRun:
             raise
 
     async def events(self) -> AsyncGenerator[Payload, None]:
+        """The events but the text deltas, one by one."""
+        async for batch in self.batches():
+            for payload in batch:
+                if type(payload) is dict:
+                    yield payload
+
+    async def batches(self) -> AsyncGenerator[list[Payload | TextDelta], None]:
         self._status = "in_progress"
-        yield {"type": "response.created", "response": self.resource()}
-        yield {"type": "response.in_progress", "response": self.resource()}
+        yield [{"type": "response.created", "response": self.resource()},
+               {"type": "response.in_progress", "response": self.resource()}]
         try:
             if self._first is None:
                 await self.start()
-            for payload in self._output.add(self._first or []):
-                yield payload
+            yield self._output.add(self._first or [])
             async for batch in self._events:
-                for payload in self._output.add(batch):
-                    yield payload
+                payloads = self._output.add(batch)
+                if payloads:
+                    yield payloads
             self._settle(self._outcome.finish_reason)
+            closing: list[Payload | TextDelta] = []
         except EngineError as exc:
-            for payload in self._output.close_open():
-                yield payload
+            closing = list(self._output.close_open())
             self._fail(exc.code or "server_error", exc.message)
         except asyncio.CancelledError:
             self._status = "cancelled"
@@ -79,7 +88,7 @@ class ResponseRun:
         finally:
             await close_shielded(self._events)
         self._completed_at = int(time.time())
-        yield {"type": _TERMINAL.get(self._status, "response.failed"), "response": self.resource()}
+        yield [*closing, {"type": _TERMINAL.get(self._status, "response.failed"), "response": self.resource()}]
 
     def resource(self) -> dict[str, Any]:
         finished = self._status not in ("queued", "in_progress")
