@@ -25,6 +25,7 @@ from proxy.responses.routes import (
     list_input_items,
     retrieve_response,
 )
+from proxy.sse import KeepRawSend
 from proxy.state import ServerState
 from proxy.status import health, list_models, retrieve_model
 
@@ -75,7 +76,10 @@ def create_app(
             Exception: unexpected_error_handler,
         },
         lifespan=lifespan,
-        middleware=[Middleware(APIKeyMiddleware, api_key=state.config.api_key)] if state.config.api_key else [],
+        middleware=[
+            Middleware(KeepRawSend),
+            *([Middleware(APIKeyMiddleware, api_key=state.config.api_key)] if state.config.api_key else []),
+        ],
     )
     app.state.harmony = state
     return app

@@ -80,10 +80,12 @@ async def parsed_events(
 ) -> AsyncGenerator[list[Event], None]:
     """Yield the events of each engine step, in order (a step may complete no event: an empty list)."""
     parser = OutputParser(vocab)
-    async with contextlib.aclosing(tracked_steps(engine, request, outcome)) as steps:
-        async for step in steps:
-            events = parser.feed(step.token_ids)
-            if step.finish_reason is not None:
-                events += parser.finish()
-            outcome.reasoning_tokens = parser.reasoning_tokens
-            yield events
+    try:
+        async with contextlib.aclosing(tracked_steps(engine, request, outcome)) as steps:
+            async for step in steps:
+                events = parser.feed(step.token_ids)
+                if step.finish_reason is not None:
+                    events += parser.finish()
+                yield events
+    finally:
+        outcome.reasoning_tokens = parser.reasoning_tokens  # read once the answer is settled, not per step

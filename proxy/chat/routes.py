@@ -113,6 +113,7 @@ async def _frames(
                     yield writer.frames(deltas)
                 if turn.stopped:
                     break
+        await close_shielded(events)  # stopped early: stop the engine, and settle the outcome's counts
         end = writer.frames(turn.close())
         failure = None if turn.stopped else outcome.failure()
         if failure is not None:
