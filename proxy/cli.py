@@ -15,10 +15,12 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from parsers.vocab import Vocab, VocabError, load_vocab
+from proxy.admission import AdmissionQueue, AdmittedEngine
 from proxy.app import create_app
 from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
 from proxy.engines.base import Engine
@@ -33,6 +35,8 @@ logger = logging.getLogger("harmony_proxy")
 ENGINES = ("mock", "scripted", "trtllm", "upstream")
 DEFAULT_MODEL = "openai/gpt-oss-20b"
 DEFAULT_CONTEXT = 131072
+DEFAULT_CONCURRENCY = 1024  # streams one process serves with fair first-token times (benchmarks/load_bench.py)
+TRTLLM_MAX_BATCH_SIZE = 2048  # trtllm-serve's default --max_batch_size
 TRTLLM_ONLY = ("model", "model_argument", "tokenizer", "tp_size", "pp_size", "ep_size", "max_batch_size",
                "max_num_tokens", "kv_cache_free_gpu_memory_fraction", "trust_remote_code", "extra_llm_api_options")
 
@@ -65,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="on SIGTERM, seconds running requests may take to finish before they are aborted")
     serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"))
+
+    capacity = serve.add_argument_group("capacity")
+    capacity.add_argument("--workers", type=int, default=1,
+                          help="HTTP front-end processes sharing the port (vLLM's --api-server-count); default 1")
+    capacity.add_argument("--max-concurrent-requests", type=int, metavar="N",
+                          help="requests generating at once (default: --max_batch_size, else 2048, for trtllm; "
+                               f"{DEFAULT_CONCURRENCY} per worker for the other engines; 0: no limit)")
+    capacity.add_argument("--max-queue", type=int, metavar="M",
+                          help="requests waiting for a slot, first come first served, before 429s (default: as "
+                               "many as --max-concurrent-requests)")
 
     responses = serve.add_argument_group("Responses API")
     responses.add_argument("--store-path", type=Path, default=default_store_path(),
@@ -118,11 +132,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    loop, http = runtime()
+    logger.info("event loop %s, HTTP parser %s, %d worker process%s", loop, http, args.workers,
+                "" if args.workers == 1 else "es")
     try:
-        engine_name = _choose_engine(args)
-        vocab = load_vocab()
-        config = _config(args, engine_name)
-        engine = _build_engine(engine_name, args, vocab, config)
+        _check_capacity(args)
+        engine_name = engine_choice(args)
+        if args.workers > 1:
+            from proxy.workers import serve_workers
+
+            serve_workers(args, list(sys.argv[1:] if argv is None else argv), engine_name)
+            return
+        state = build_state(args, engine_name)
     except (StartupError, VocabError, ScriptError, LlmArgsError) as exc:
         print(f"harmony-proxy: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -133,22 +154,71 @@ def main(argv: Sequence[str] | None = None) -> None:
         failures.append(error)
         server.should_exit = True  # an engine that cannot start must not leave a server that answers 503 forever
 
-    try:
-        store = None if args.no_store else SQLiteResponseStore(args.store_path)
-    except (OSError, sqlite3.Error) as exc:
-        print(f"harmony-proxy: error: cannot open the response store {args.store_path}: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    app = create_app(ServerState(config, vocab, engine, store), on_engine_failure=engine_failed)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
-                                           log_level=args.log_level,
-                                           timeout_graceful_shutdown=args.shutdown_timeout))
+    app = create_app(state, on_engine_failure=engine_failed)
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(args)))
     server.run()
     if failures:
-        print(f"harmony-proxy: error: the {engine.name} engine failed to start: {failures[0]}", file=sys.stderr)
+        print(f"harmony-proxy: error: the {state.engine.name} engine failed to start: {failures[0]}", file=sys.stderr)
         raise SystemExit(1)
 
 
-def _choose_engine(args: argparse.Namespace) -> str:
+def runtime() -> tuple[str, str]:
+    """uvicorn's fast event loop and HTTP parser where installed (they are, by default), else its fallbacks."""
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return loop, http
+
+
+def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
+    loop, http = runtime()
+    return {"host": args.host, "port": args.port, "loop": loop, "http": http, "log_config": None,
+            "log_level": args.log_level, "timeout_graceful_shutdown": args.shutdown_timeout}
+
+
+def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | None = None) -> ServerState:
+    """Everything a server process needs; `engine` replaces the one the options name (a worker's remote engine)."""
+    vocab = load_vocab()
+    config = _config(args, engine_name)
+    if engine is None:
+        engine = _build_engine(engine_name, args, vocab, config)
+    queue = admission_queue(args, engine_name)
+    if queue is not None:
+        engine = AdmittedEngine(engine, queue)
+    try:
+        store = None if args.no_store else SQLiteResponseStore(args.store_path)
+    except (OSError, sqlite3.Error) as exc:
+        raise StartupError(f"cannot open the response store {args.store_path}: {exc}") from None
+    return ServerState(config, vocab, engine, store)
+
+
+def admission_queue(args: argparse.Namespace, engine_name: str) -> AdmissionQueue | None:
+    """The admission limits of one server process; None for no limit."""
+    limit = args.max_concurrent_requests
+    if limit is None:
+        if engine_name == "trtllm":
+            # One engine serves every worker: its batch is shared among them.
+            batch = trtllm_arguments(args).get("max_batch_size") or TRTLLM_MAX_BATCH_SIZE
+            limit = -(-batch // args.workers)
+        else:
+            limit = DEFAULT_CONCURRENCY
+    if limit == 0:
+        return None
+    queue = AdmissionQueue(limit, limit if args.max_queue is None else args.max_queue)
+    logger.info("admitting %d requests at once%s, %d more in line, then 429", limit,
+                " per worker" if args.workers > 1 else "", queue.max_queue)
+    return queue
+
+
+def _check_capacity(args: argparse.Namespace) -> None:
+    if args.workers < 1:
+        raise StartupError("--workers must be at least 1")
+    if args.max_concurrent_requests is not None and args.max_concurrent_requests < 0:
+        raise StartupError("--max-concurrent-requests must be 0 (no limit) or more")
+    if args.max_queue is not None and args.max_queue < 0:
+        raise StartupError("--max-queue must be 0 or more")
+
+
+def engine_choice(args: argparse.Namespace) -> str:
     model = args.model or args.model_argument
     if args.engine:
         name = args.engine
@@ -208,12 +278,18 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab, config: Ser
 
 
 def _trtllm_engine(args: argparse.Namespace, vocab: Vocab) -> Engine:
+    from proxy.engines.trtllm import TrtllmEngine
+
+    return TrtllmEngine(trtllm_arguments(args), vocab)
+
+
+def trtllm_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """`tensorrt_llm.LLM` keyword arguments from trtllm-serve's flags and YAML, checked against the installed
+    TensorRT-LLM."""
     if importlib.util.find_spec("tensorrt_llm") is None:
         raise StartupError("--engine trtllm needs TensorRT-LLM: pip install 'harmony-proxy[trtllm]' on a CUDA "
                            "machine, or run inside NVIDIA's TensorRT-LLM container")
     from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
-
-    from proxy.engines.trtllm import TrtllmEngine
 
     flags = TrtllmFlags(
         model=args.model or args.model_argument or DEFAULT_MODEL,
@@ -229,4 +305,4 @@ def _trtllm_engine(args: argparse.Namespace, vocab: Vocab) -> Engine:
         trust_remote_code=args.trust_remote_code,
         extra_llm_api_options=args.extra_llm_api_options,
     )
-    return TrtllmEngine(llm_arguments(flags, set(TorchLlmArgs.model_fields.keys()) | {"backend"}), vocab)
+    return llm_arguments(flags, set(TorchLlmArgs.model_fields.keys()) | {"backend"})

@@ -90,7 +90,7 @@ def stop(process: subprocess.Popen[str]) -> str:
 
 
 @pytest.mark.parametrize("launcher", [["harmony-proxy"], [sys.executable, "-m", "proxy"]], ids=["script", "module"])
-def test_serve_without_engine_says_mock_in_its_first_log_line(tmp_path: Path, launcher: list[str]) -> None:
+def test_serve_without_engine_says_loop_parser_and_mock_in_its_first_log_lines(tmp_path: Path, launcher: list[str]) -> None:
     if launcher == ["harmony-proxy"]:
         launcher = [str(Path(sys.executable).with_name("harmony-proxy"))]
     port = free_port()
@@ -105,8 +105,10 @@ def test_serve_without_engine_says_mock_in_its_first_log_line(tmp_path: Path, la
         assert "mock" in answer["choices"][0]["message"]["content"]
     finally:
         output = stop(process)
-    first_line = output.splitlines()[0]
-    assert "MOCK engine" in first_line and "TensorRT-LLM is not installed" in first_line
+    first, second = output.splitlines()[:2]
+    # The default install is the fast one: uvloop and httptools come with it.
+    assert "event loop uvloop, HTTP parser httptools, 1 worker process" in first
+    assert "MOCK engine" in second and "TensorRT-LLM is not installed" in second
     # SIGTERM shuts down gracefully (uvicorn then re-raises the signal, so the status may say so).
     assert "Application shutdown complete" in output and process.returncode in (0, -15)
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -159,7 +161,9 @@ class LLM:
         self._next_script = 0
         self._next_id = 0
         self._shut_down = False
-        self._record("init", args=self.args)
+        # TensorRT-LLM's MPI start-up and signal handling assume the main thread: record where the LLM was built.
+        self._record("init", args=self.args, main_thread=threading.current_thread() is threading.main_thread(),
+                     pid=os.getpid())
 
     def generate_async(self, inputs: Any, sampling_params: SamplingParams | None = None, lora_request: Any = None,
                        prompt_adapter_request: Any = None, streaming: bool = False, kv_cache_retention_config: Any = None,

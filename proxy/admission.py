@@ -1,0 +1,101 @@
+"""Fair admission: at most N requests generate at once, the next M wait first come first served, the rest get 429.
+
+Without it every request is accepted, all of them share the event loop, and under overload some clients wait
+tens of seconds for a first token while others stream. With it the engine (and the loop) serve a bounded set of
+streams, a queued request starts as soon as a running one ends, and a request that cannot even queue is told at
+once, in OpenAI's shape with `Retry-After`, so clients back off and retry (the openai SDK does).
+
+`AdmittedEngine` wraps any engine: a request holds its slot exactly as long as its engine stream is open, so
+every API (chat, responses, raw completions, background responses) is covered in one place, and a client that
+disconnects while queued leaves the queue at once (closing the stream cancels the wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncGenerator
+
+from proxy.engines.base import Engine, EngineError, GenerationRequest, Step
+
+RETRY_AFTER_SECONDS = 1
+
+
+class AdmissionQueue:
+    def __init__(self, max_concurrent: int, max_queue: int) -> None:
+        if max_concurrent < 1 or max_queue < 0:
+            raise ValueError("max_concurrent must be at least 1 and max_queue at least 0")
+        self.max_concurrent = max_concurrent
+        self.max_queue = max_queue
+        self.active = 0
+        self._waiting: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    async def enter(self) -> None:
+        """Take a slot, waiting in line for one if need be; EngineError 429 when the line is full."""
+        if self.active < self.max_concurrent and not self._waiting:
+            self.active += 1
+            return
+        if len(self._waiting) >= self.max_queue:
+            raise EngineError(
+                f"The server is at capacity ({self.max_concurrent} requests running, {len(self._waiting)} waiting). "
+                "Retry shortly.",
+                status=429,
+                code="server_overloaded",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(turn)
+        try:
+            await turn  # leave() hands a finished request's slot straight to the head of the line
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.leave()  # the slot came to us as we were cancelled: pass it on
+            else:
+                self._waiting.remove(turn)
+            raise
+
+    def leave(self) -> None:
+        while self._waiting:
+            turn = self._waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.active -= 1
+
+
+class AdmittedEngine:
+    """An engine whose requests go through an `AdmissionQueue` first."""
+
+    def __init__(self, inner: Engine, queue: AdmissionQueue) -> None:
+        self.inner = inner
+        self.queue = queue
+        self.name = inner.name
+
+    @property
+    def ready(self) -> bool:
+        return self.inner.ready
+
+    async def check_health(self) -> None:
+        await self.inner.check_health()
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
+        await self.queue.enter()
+        steps = self.inner.generate(request)
+        try:
+            async for step in steps:
+                yield step
+        finally:
+            try:
+                await steps.aclose()
+            finally:
+                self.queue.leave()
