@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Callable
@@ -170,3 +171,35 @@ def test_upstream_refusals_map_to_the_party_at_fault(serve: Callable[..., LiveSe
     response = httpx.post(front(serve, vocab, [upstream.base_url + "/v1"]).base_url + "/v1/chat/completions",
                           json={"model": MODEL, "messages": ASK}, timeout=30)
     assert response.status_code == ours and f"no ({status})" in response.json()["error"]["message"]
+
+
+def test_steps_that_arrive_together_become_one_chunk(
+    serve_app: Callable[[Any], LiveServer], serve: Callable[..., LiveServer], vocab: Any
+) -> None:
+    """An upstream that ran ahead sends many events in one write: they are one step, so one streamed chunk."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    tokens = vocab.encode_harmony("<|channel|>final<|message|>" + "word " * 40 + "<|return|>")
+    events = b"".join(
+        b"data: " + json.dumps({"choices": [{"index": 0, "text": "", "token_ids": [token],
+                                             "finish_reason": "stop" if last else None}]}).encode() + b"\n\n"
+        for last, token in ((i == len(tokens) - 1, t) for i, t in enumerate(tokens))
+    ) + b"data: [DONE]\n\n"
+
+    async def completions(request: Any) -> Response:
+        return Response(events, media_type="text/event-stream")  # every event in one write
+
+    async def models(request: Any) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    upstream = serve_app(Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
+                                           Route("/v1/models", models)]))
+    proxy = front(serve, vocab, [upstream.base_url + "/v1"])
+    client = client_for(proxy)
+    chunks = [c for c in client.chat.completions.create(model=MODEL, messages=ASK, stream=True)
+              if c.choices and c.choices[0].delta.content]
+    assert len(chunks) < 5  # 41 tokens of text, far fewer chunks
+    assert "".join(c.choices[0].delta.content for c in chunks) == client.chat.completions.create(
+        model=MODEL, messages=ASK).choices[0].message.content

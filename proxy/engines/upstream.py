@@ -160,24 +160,26 @@ class UpstreamEngine:
         usage: dict[str, Any] | None = None
         last_token: int | None = None
         generated = 0
-        async for payload in _sse_payloads(response, url):
-            if payload == "[DONE]":
-                break
-            chunk = _json(payload, url)
-            if "error" in chunk:
-                raise EngineError(
-                    f"The upstream {_public(url)} failed: {_error_text(chunk['error'])}", status=502, code="upstream_error"
-                )
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or ():
-                tokens = self._tokens(choice, chunk, url)
-                if tokens:
-                    generated += len(tokens)
-                    last_token = tokens[-1]
-                    yield Step(tokens)
-                if choice.get("finish_reason"):
-                    finish = _FINISH.get(choice["finish_reason"], "error")
-                    stop_reason = choice.get("stop_reason", choice.get("matched_stop"))
+        # Chunks that arrived together are one step: an upstream that ran ahead of us costs one frame, not many.
+        async for payloads in _sse_payloads(response, url):
+            step: list[int] = []
+            for payload in payloads:
+                if payload == "[DONE]":
+                    break
+                chunk = _json(payload, url)
+                if "error" in chunk:
+                    raise EngineError(f"The upstream {_public(url)} failed: {_error_text(chunk['error'])}",
+                                      status=502, code="upstream_error")
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or ():
+                    step += self._tokens(choice, chunk, url)
+                    if choice.get("finish_reason"):
+                        finish = _FINISH.get(choice["finish_reason"], "error")
+                        stop_reason = choice.get("stop_reason", choice.get("matched_stop"))
+            if step:
+                generated += len(step)
+                last_token = step[-1]
+                yield Step(step)
         if finish is None:
             raise EngineError(
                 f"The upstream {_public(url)} ended the stream without finishing the request.",
@@ -225,17 +227,25 @@ class UpstreamEngine:
         return "" if response.status_code == 200 else f"{_public(url)}: HTTP {response.status_code}"
 
 
-async def _sse_payloads(response: httpx.Response, url: str) -> AsyncIterator[str]:
-    event = None
-    async for line in response.aiter_lines():
-        if line.startswith("data:"):
-            yield line[5:].strip()
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith(":") and event == "error":  # Dynamo sends errors as an `error` event with a comment
-            raise EngineError(f"The upstream {_public(url)} failed: {line[1:].strip()}", status=502, code="upstream_error")
-        elif not line:
-            event = None
+async def _sse_payloads(response: httpx.Response, url: str) -> AsyncIterator[list[str]]:
+    """The `data:` payloads of the stream, a list per network read (what arrived together)."""
+    event, buffer = None, b""
+    async for received in response.aiter_bytes():
+        *lines, buffer = (buffer + received).split(b"\n")
+        payloads = []
+        for raw in lines:
+            line = raw.rstrip(b"\r").decode("utf-8", "replace")
+            if line.startswith("data:"):
+                payloads.append(line[5:].strip())
+            elif line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith(":") and event == "error":  # Dynamo sends errors as an `error` event, a comment
+                raise EngineError(f"The upstream {_public(url)} failed: {line[1:].strip()}", status=502,
+                                  code="upstream_error")
+            elif not line:
+                event = None
+        if payloads:
+            yield payloads
 
 
 def _json(payload: str, url: str) -> dict[str, Any]:
