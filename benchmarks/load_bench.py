@@ -1,0 +1,374 @@
+"""Load benchmark: streaming Chat Completions over real HTTP + SSE, ours side by side with the bare floor.
+
+    .venv/bin/python benchmarks/load_bench.py                       # ours (this tree) and bare; a few minutes
+    .venv/bin/python benchmarks/load_bench.py --git-ref 37e9190     # ... and a previous commit of ours
+    .venv/bin/python benchmarks/load_bench.py --concurrency 64,1024 --tokens-per-step 1 --duration 5
+    .venv/bin/python benchmarks/load_bench.py --servers ours,bare --ours-args="--workers 2"
+    .venv/bin/python benchmarks/load_bench.py --server-cmd 'other={python} -m other --port {port}'
+
+Servers, each a subprocess pinned to `--server-cpu` (default CPU 0; the client runs on `--client-cpu`, 1):
+- ours: `python -m proxy serve --engine scripted` from this working tree, playing a generated script of one
+  completion, a 90-token analysis then a 320-token final (420 tokens with the Harmony tokens around them);
+- bare: benchmarks/bare_server.py, bare Starlette + sse-starlette sending 400 chunks of the same shape with
+  no tokenizer or parser: the floor for a Python server built the usual way;
+- ref (`--git-ref REF`): ours as of commit REF, extracted with `git archive` (git state is not touched) to
+  /tmp and run with this venv and PYTHONPATH on it; only at 1 token per step (older commits lack the flag);
+- `--server-cmd NAME=TEMPLATE` (repeatable): any command; {python}, {port}, {script}, {tokens_per_step} are
+  filled in; run at every tokens-per-step if it uses {tokens_per_step}, else at 1 only.
+
+For each tokens-per-step K (default 1 and 10) the servers are started together and, for each concurrency C
+(default 64, 256, 1024), measured one after the other (the first to go turns with each C): one request alone (it checks the answer and gives the
+tokens per frame), then C clients (benchmarks/sse_client.py: asyncio on uvloop, one keep-alive connection per
+client, requests back to back, closed loop) stream for `--warmup` then `--duration` seconds, and all
+connections are dropped. Server CPU is utime + stime of the server's process tree (all workers) from /proc at
+the window's start and end, divided by the tokens delivered in the window (frames received times tokens per
+frame from the usage chunks). Between runs the benchmark waits for the server to go idle.
+
+Columns: tok/s; us/tok, server CPU per token, and /bare, its ratio to bare's at the same K and C; TTFT p50/p99
+over every first token from the warm-up's start to the window's end (at 1,024 streams a stream outlasts the
+run, so this is the first wave: it shows whether admission is fair) and maxwait, the longest wait for a first
+token, requests still waiting at the end included; gap50/gap99 between frames of one stream in the window
+(frames that arrive in one read count 0); done, streams finished in the window; 429, rejected (the client
+waits `--retry-pause` and sends again); errors, other statuses and lost connections; client, this process's
+CPU share (near 100% would mean the client, not the server, was the limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvloop
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `parsers` comes from this tree
+
+from parsers.vocab import Vocab, load_vocab  # noqa: E402
+from sse_client import LoadResult, ProbeFailed, build_request, run_load  # noqa: E402
+
+MODEL = "openai/gpt-oss-20b"
+ANALYSIS_TOKENS, FINAL_TOKENS, BARE_TOKENS = 90, 320, 400
+CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+PROSE = (
+    " The user asks about the weather in Paris this weekend, so I should give a short forecast.",
+    " Saturday looks mild with a light breeze from the west and a few clouds in the afternoon.",
+    " Sunday brings a chance of showers in the morning, clearing by the evening with cooler air.",
+    " Temperatures stay between twelve and nineteen degrees, which is normal for the season.",
+    " If you plan to walk along the river, take a light jacket and an umbrella just in case.",
+)
+
+
+def text_of(vocab: Vocab, tokens: int) -> str:
+    """Prose that encodes to exactly `tokens` tokens."""
+    text, index = "", 0
+    while len(vocab.encode(text + PROSE[index % len(PROSE)])) <= tokens:
+        text += PROSE[index % len(PROSE)]
+        index += 1
+    while len(vocab.encode(text)) < tokens:
+        text += " ok"  # one token each
+    assert len(vocab.encode(text)) == tokens
+    return text
+
+
+def write_script(path: Path) -> int:
+    """The scripted engine's completion; returns its length in tokens."""
+    vocab = load_vocab()
+    completion = (f"<|channel|>analysis<|message|>{text_of(vocab, ANALYSIS_TOKENS)}<|end|>"
+                  f"<|start|>assistant<|channel|>final<|message|>{text_of(vocab, FINAL_TOKENS)}<|return|>")
+    path.write_text(json.dumps({"completion": completion}) + "\n", encoding="utf-8")
+    return len(vocab.encode_harmony(completion))
+
+
+@dataclass
+class ServerKind:
+    name: str
+    template: list[str]  # {python} {port} {script} {tokens_per_step} filled in
+    cwd: Path
+    env: dict[str, str]
+    every_k: bool  # can stream several tokens per step
+
+    def command(self, port: int, script: Path, tokens_per_step: int) -> list[str]:
+        values = {"python": sys.executable, "port": port, "script": script, "tokens_per_step": tokens_per_step}
+        return [part.format(**values) for part in self.template]
+
+
+OURS = ["{python}", "-m", "proxy", "serve", "--engine", "scripted", "--script", "{script}", "--port", "{port}",
+        "--log-level", "warning", "--no-store"]
+
+
+def server_kinds(args: argparse.Namespace) -> dict[str, ServerKind]:
+    env = dict(os.environ)
+    kinds = {
+        "ours": ServerKind("ours", [*OURS, "--tokens-per-step", "{tokens_per_step}", *shlex.split(args.ours_args)],
+                           ROOT, env, True),
+        "bare": ServerKind("bare", ["{python}", str(ROOT / "benchmarks" / "bare_server.py"), "--port", "{port}",
+                                    "--tokens", str(BARE_TOKENS), "--tokens-per-step", "{tokens_per_step}"],
+                           ROOT, env, True),
+    }
+    if args.git_ref:
+        tree = extract_commit(args.git_ref)
+        kinds["ref"] = ServerKind(f"ref {args.git_ref}", OURS, tree, {**env, "PYTHONPATH": str(tree)}, False)
+    for spec in args.server_cmd:
+        name, _, template = spec.partition("=")
+        kinds[name] = ServerKind(name, shlex.split(template), ROOT, env, "{tokens_per_step}" in template)
+    return kinds
+
+
+def extract_commit(ref: str) -> Path:
+    """The tree of commit `ref` under /tmp (reused when already there), by `git archive`, not a checkout."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    tree = Path(tempfile.gettempdir()) / f"harmony-proxy-{sha[:12]}"
+    if not (tree / ".complete").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", sha], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", str(tree)], stdin=archive.stdout, check=True)
+        if archive.wait() != 0:
+            raise SystemExit(f"git archive {ref} failed")
+        (tree / ".complete").touch()
+    return tree
+
+
+class Server:
+    """A server subprocess on one CPU, its log in a file, its CPU time read from /proc."""
+
+    def __init__(self, kind: ServerKind, tokens_per_step: int, script: Path, cpu: int, logs: Path) -> None:
+        self.kind, self.port = kind, free_port()
+        self.log = logs / f"{kind.name.replace(' ', '-')}-k{tokens_per_step}.log"
+        command = kind.command(self.port, script, tokens_per_step)
+        with self.log.open("wb") as log:
+            # Its own process group, so that stop() reaches workers and wrapped commands too.
+            self.process = subprocess.Popen(command, cwd=kind.cwd, env=kind.env, stdout=log, stderr=subprocess.STDOUT,
+                                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}), start_new_session=True)
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise SystemExit(f"{self.kind.name} did not become healthy; its log ({self.log}):\n"
+                         + self.log.read_text(errors="replace")[-3000:])
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of the server and every live descendant (several workers, if it runs them)."""
+        stats = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    stat = Path(entry.path, "stat").read_bytes()
+                except OSError:
+                    continue
+                fields = stat[stat.rfind(b")") + 2:].split()
+                stats[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+        tree, found = {self.process.pid}, True
+        while found:
+            found = False
+            for pid, (parent, _) in stats.items():
+                if parent in tree and pid not in tree:
+                    tree.add(pid)
+                    found = True
+        return sum(stats[pid][1] for pid in tree if pid in stats) / CLOCK_TICK
+
+    def settle(self, timeout: float = 15.0) -> None:
+        """Wait until the server is idle again (streams of the last run aborted and cleaned up)."""
+        deadline, before = time.monotonic() + timeout, self.cpu_seconds()
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            now = self.cpu_seconds()
+            if now - before <= 1.5 / CLOCK_TICK:
+                return
+            before = now
+
+    def stop(self) -> None:
+        for signal_number, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(self.process.pid, signal_number)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+            deadline = time.monotonic() + wait  # the leader is gone; give the rest of the group the same time
+            while time.monotonic() < deadline and group_alive(self.process.pid):
+                time.sleep(0.1)
+            if not group_alive(self.process.pid):
+                break
+
+
+def group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Row:
+    server: str
+    tokens_per_step: int
+    concurrency: int
+    result: LoadResult
+
+    @property
+    def cpu_per_token_us(self) -> float:
+        tokens = self.result.stats.tokens()
+        return self.result.server_cpu / tokens * 1e6 if tokens else float("nan")
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+HEADER = (f"{'server':<14} {'K':>3} {'C':>5} {'tok/s':>8} {'us/tok':>7} {'/bare':>6} {'TTFT50':>8} {'TTFT99':>8} "
+          f"{'maxwait':>8} {'gap50':>7} {'gap99':>7} {'done':>6} {'429':>6} {'errors':>7} {'client':>6}")
+
+
+def seconds(value: float) -> str:
+    return "-" if value != value else f"{value * 1e3:.1f}ms" if value < 1 else f"{value:.2f}s"
+
+
+def format_row(row: Row, bare: Row | None) -> str:
+    stats, result = row.result.stats, row.result
+    cost = row.cpu_per_token_us
+    ratio = f"{cost / bare.cpu_per_token_us:.2f}" if bare and row is not bare and bare.cpu_per_token_us else "-"
+    return (f"{row.server:<14} {row.tokens_per_step:>3} {row.concurrency:>5} {stats.tokens() / result.window:>8.0f} "
+            f"{cost:>7.1f} {ratio:>6} {seconds(percentile(stats.ttft, 0.5)):>8} "
+            f"{seconds(percentile(stats.ttft, 0.99)):>8} {seconds(result.max_wait):>8} "
+            f"{seconds(percentile(stats.gaps, 0.5)):>7} {seconds(percentile(stats.gaps, 0.99)):>7} "
+            f"{stats.completed:>6} {stats.rejected:>6} {sum(stats.errors.values()):>7} {result.client_cpu:>6.0%}")
+
+
+def measure(server: Server, tokens_per_step: int, concurrency: int, args: argparse.Namespace) -> Row:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    request = build_request("127.0.0.1", server.port, "/v1/chat/completions", body)
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            result = runner.run(run_load("127.0.0.1", server.port, request, concurrency, args.warmup, args.duration,
+                                         server.cpu_seconds, args.retry_pause))
+    except ProbeFailed as exc:
+        raise SystemExit(f"{server.kind.name}: {exc}; its log ({server.log}):\n"
+                         + server.log.read_text(errors="replace")[-3000:]) from None
+    server.settle()
+    return Row(server.kind.name, tokens_per_step, concurrency, result)
+
+
+def integers(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def main() -> None:
+    options = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    options.add_argument("--servers", help="comma-separated: ours, bare, ref, names of --server-cmd "
+                                           "(default: all of those configured)")
+    options.add_argument("--concurrency", type=integers, default=[64, 256, 1024], help="default 64,256,1024")
+    options.add_argument("--tokens-per-step", type=integers, default=[1, 10], help="default 1,10")
+    options.add_argument("--duration", type=float, default=10.0, help="measured seconds per run (default 10)")
+    options.add_argument("--warmup", type=float, default=2.0, help="seconds before the window opens (default 2)")
+    options.add_argument("--retry-pause", type=float, default=0.1, help="seconds a client waits after a 429")
+    options.add_argument("--git-ref", help="also measure this commit of ours (as server 'ref')")
+    options.add_argument("--server-cmd", action="append", default=[], metavar="NAME=TEMPLATE",
+                         help="also measure this command (see the module docstring)")
+    options.add_argument("--ours-args", default="",
+                         help='extra `proxy serve` options for ours, e.g. --ours-args="--workers 2"')
+    options.add_argument("--server-cpu", type=int, default=0)
+    options.add_argument("--client-cpu", type=int, default=1)
+    args = options.parse_args()
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    if max(args.concurrency) + 100 > hard:
+        print(f"warning: the fd limit is {hard}; {max(args.concurrency)} connections may not all open", file=sys.stderr)
+    os.sched_setaffinity(0, {args.client_cpu})
+
+    kinds = server_kinds(args)
+    names = args.servers.split(",") if args.servers else list(kinds)
+    unknown = [name for name in names if name not in kinds]
+    if unknown:
+        raise SystemExit(f"unknown server {unknown[0]!r}: configured are {', '.join(kinds)}")
+
+    logs = Path(tempfile.mkdtemp(prefix="harmony-proxy-load-"))
+    script = logs / "script.jsonl"
+    completion_tokens = write_script(script)
+    print(f"server on CPU {args.server_cpu}, client on CPU {args.client_cpu}; {args.warmup:g} s warm-up, "
+          f"{args.duration:g} s measured per run; ours streams {completion_tokens} tokens per request "
+          f"({ANALYSIS_TOKENS} analysis + {FINAL_TOKENS} final text), bare {BARE_TOKENS}; "
+          f"logs in {logs}\nK = tokens per engine step, C = concurrent streams; us/tok = server CPU per token\n",
+          flush=True)
+    print(HEADER, flush=True)
+    rows: list[Row] = []
+    for tokens_per_step in args.tokens_per_step:
+        servers: list[Server] = []
+        try:
+            for name in names:
+                if kinds[name].every_k or tokens_per_step == 1:
+                    servers.append(Server(kinds[name], tokens_per_step, script, args.server_cpu, logs))
+            for server in servers:
+                server.wait_healthy()
+            for index, concurrency in enumerate(args.concurrency):
+                # Each level starts with the next server, so that none is always measured first (or last).
+                turn = index % len(servers)
+                measured = {server.kind.name: measure(server, tokens_per_step, concurrency, args)
+                            for server in servers[turn:] + servers[:turn]}
+                level = [measured[server.kind.name] for server in servers]
+                bare = measured.get("bare")
+                for row in level:
+                    print(format_row(row, bare), flush=True)
+                    if row.result.stats.errors:
+                        print(f"    errors: {dict(row.result.stats.errors)}", flush=True)
+                rows += level
+        finally:
+            for server in servers:
+                server.stop()
+    print("\n/bare = server CPU per token over bare's at the same K and C (lower is better).")
+    print_comparison(rows)
+
+
+def print_comparison(rows: list[Row]) -> None:
+    """Ours against the previous commit (--git-ref), per K and C, where both were measured."""
+    refs = {(row.tokens_per_step, row.concurrency): row for row in rows if row.server.startswith("ref ")}
+    pairs = [(row, refs[row.tokens_per_step, row.concurrency]) for row in rows
+             if row.server == "ours" and (row.tokens_per_step, row.concurrency) in refs]
+    if pairs:
+        print(f"\nours against {pairs[0][1].server}:")
+    for ours, ref in pairs:
+        rates = [row.result.stats.tokens() / row.result.window for row in (ours, ref)]
+        print(f"  K={ours.tokens_per_step:<3} C={ours.concurrency:<5} server CPU per token {ours.cpu_per_token_us:.1f} "
+              f"us vs {ref.cpu_per_token_us:.1f} us ({ours.cpu_per_token_us / ref.cpu_per_token_us:.2f}x); "
+              f"tokens/s {rates[0]:.0f} vs {rates[1]:.0f}")
+
+if __name__ == "__main__":
+    main()
