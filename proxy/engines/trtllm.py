@@ -56,13 +56,28 @@ class TrtllmEngine:
         if self._closing:
             raise EngineError("The TensorRT-LLM engine is shutting down.", status=503, code="engine_shutting_down")
 
+    def load(self) -> None:
+        """Build the LLM now, in the calling thread; `start()` then has nothing left to do.
+
+        The engine host process (`proxy/engines/host.py`) calls this in its main thread before its event loop
+        runs, as trtllm-serve does: TensorRT-LLM's MPI start-up and signal handling assume the main thread.
+        """
+        self._llm = self._import_tensorrt_llm().LLM(**self._arguments)
+
     async def start(self) -> None:
+        if self._llm is not None:
+            return  # loaded by load()
+        tensorrt_llm = self._import_tensorrt_llm()
+        # In a server of one process the loop must answer /health meanwhile, so the LLM loads in a side thread.
+        self._llm = await _build_in_thread(lambda: tensorrt_llm.LLM(**self._arguments))
+
+    def _import_tensorrt_llm(self) -> Any:
         import tensorrt_llm
         from tensorrt_llm.executor import RequestError
 
         self._sampling_params, self._request_error = tensorrt_llm.SamplingParams, RequestError
         logger.info("loading %s with TensorRT-LLM %s", self._arguments.get("model"), tensorrt_llm.__version__)
-        self._llm = await _build_in_thread(lambda: tensorrt_llm.LLM(**self._arguments))
+        return tensorrt_llm
 
     async def close(self) -> None:
         self._closing = True
@@ -136,11 +151,24 @@ class TrtllmEngine:
         return [self._vocab.special.return_] if stop_reason is None else []  # None: the end token, <|return|>
 
 
+def loaded_trtllm_engine(arguments: dict[str, Any]) -> TrtllmEngine:
+    """A TrtllmEngine with its LLM built in the calling thread: the `build` an engine host process runs.
+
+    Module-level and taking plain data, so it can be handed to a spawned process (functools.partial).
+    """
+    from parsers.vocab import load_vocab
+
+    engine = TrtllmEngine(arguments, load_vocab())
+    engine.load()
+    return engine
+
+
 async def _build_in_thread(build: Callable[[], Any]) -> Any:
     """Run `build` in a daemon thread so /health answers 503 while the model loads (minutes).
 
     Not asyncio.to_thread: executor threads are joined at exit, so a SIGTERM during the load would wait for it.
-    Nothing in LLM construction needs the main thread; requests are then submitted from the event loop thread.
+    The in-process path (one server process); requests are then submitted from the event loop thread. Where
+    TensorRT-LLM's MPI start-up needs the main thread, run the engine host process instead (`load()`).
     An LLM that finishes loading after the server stopped waiting for it is shut down.
     """
     loop = asyncio.get_running_loop()

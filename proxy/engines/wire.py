@@ -1,0 +1,167 @@
+"""The frames an engine host and its front ends exchange over a Unix socket (`host.py`, `remote.py`).
+
+Every frame is a 9-byte header, `payload length, request handle, kind` in native byte order (both ends are on
+one machine), then the payload. A handle numbers one request of one front-end connection, so many requests
+share a connection. The hot path is a step: its token ids as packed 32-bit integers, nothing else. A request
+is a pickle of its `GenerationRequest` (it is sent once, and its tools are nested dataclasses); only the host
+unpickles, and only from front ends of the same user (the socket is mode 0600). Errors travel as JSON.
+
+Writes are batched: frames go to a buffer that is flushed once per event-loop turn, so the steps of every
+request that advanced in that turn leave in one socket write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+import struct
+from array import array
+from collections.abc import Callable, Sequence
+
+from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
+
+VERSION = 1
+HEADER = struct.Struct("=IIB")  # payload length, handle, kind
+_LAST = struct.Struct("=BBIIi")  # finish reason, has usage, prompt tokens, completion tokens, cached (-1: unknown)
+_TOKEN = struct.Struct("=I")
+_ONE_TOKEN_STEP = struct.Struct("=IIBI")  # the commonest frame whole: header and one token id
+MAX_PAYLOAD = 1 << 30
+
+# Front end to host.
+SUBMIT = 1  # payload: a pickled GenerationRequest
+CANCEL = 2  # the front end closed the request's generator
+HEALTH = 3  # run the engine's check_health
+# Host to front end.
+HELLO = 10  # sent once a connection is accepted, the engine loaded: version byte, engine name
+STEP = 11  # a step that is not the last: token ids
+LAST = 12  # the request's last frame: _LAST, then token ids (finish reason 0: ended without one)
+ERROR = 13  # the request (or health check) failed: JSON {message, status, code}
+HEALTHY = 14  # the health check passed
+
+_FINISH_CODES: dict[FinishReason | None, int] = {None: 0, "stop": 1, "length": 2, "cancelled": 3, "error": 4}
+_FINISH_REASONS: list[FinishReason | None] = [None, "stop", "length", "cancelled", "error"]
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a frame of this protocol."""
+
+
+def frame(kind: int, handle: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(len(payload), handle, kind) + payload
+
+
+def step_frame(handle: int, token_ids: Sequence[int]) -> bytes:
+    if len(token_ids) == 1:
+        return _ONE_TOKEN_STEP.pack(4, handle, STEP, token_ids[0])
+    return HEADER.pack(4 * len(token_ids), handle, STEP) + array("I", token_ids).tobytes()
+
+
+def last_frame(handle: int, step: Step) -> bytes:
+    usage = step.usage
+    fields = _LAST.pack(
+        _FINISH_CODES[step.finish_reason],
+        usage is not None,
+        usage.prompt_tokens if usage else 0,
+        usage.completion_tokens if usage else 0,
+        -1 if usage is None or usage.cached_tokens is None else usage.cached_tokens,
+    )
+    return frame(LAST, handle, fields + array("I", step.token_ids).tobytes())
+
+
+def error_frame(handle: int, error: EngineError) -> bytes:
+    body = {"message": error.message, "status": error.status, "code": error.code}
+    return frame(ERROR, handle, json.dumps(body).encode())
+
+
+def hello_frame(engine_name: str) -> bytes:
+    return frame(HELLO, 0, bytes([VERSION]) + engine_name.encode())
+
+
+def request_frame(handle: int, request: GenerationRequest) -> bytes:
+    return frame(SUBMIT, handle, pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def read_tokens(data: bytes, start: int, end: int) -> list[int]:
+    if end - start == 4:
+        return [_TOKEN.unpack_from(data, start)[0]]
+    with memoryview(data) as view:
+        return view[start:end].cast("I").tolist()
+
+
+def read_last(data: bytes, start: int, end: int) -> Step:
+    finish, has_usage, prompt, completion, cached = _LAST.unpack_from(data, start)
+    usage = Usage(prompt, completion, None if cached < 0 else cached) if has_usage else None
+    return Step(read_tokens(data, start + _LAST.size, end), _FINISH_REASONS[finish], usage)
+
+
+def read_error(payload: bytes) -> EngineError:
+    body = json.loads(payload)
+    return EngineError(body["message"], status=body["status"], code=body["code"])
+
+
+def read_request(payload: bytes) -> GenerationRequest:
+    request = pickle.loads(payload)
+    if not isinstance(request, GenerationRequest):
+        raise ProtocolError(f"expected a GenerationRequest, got {type(request).__name__}")
+    return request
+
+
+def read_hello(payload: bytes) -> str:
+    if not payload or payload[0] != VERSION:
+        raise ProtocolError(f"the engine host speaks another protocol version ({payload[:1]!r})")
+    return payload[1:].decode()
+
+
+Handler = Callable[[int, int, bytes, int, int], None]  # kind, handle, and the payload: data[start:end]
+
+
+class FrameReader:
+    """Splits received bytes into frames and hands each to `handler`, in order."""
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+        self._partial = bytearray()
+        self._needed = HEADER.size  # bytes `_partial` must hold before it can be parsed again
+
+    def feed(self, data: bytes) -> None:
+        if self._partial:
+            self._partial += data
+            if len(self._partial) < self._needed:
+                return  # a large frame still arriving: do not rescan it chunk by chunk
+            data = bytes(self._partial)
+            self._partial.clear()
+        offset, end, handler, unpack, size = 0, len(data), self._handler, HEADER.unpack_from, HEADER.size
+        while end - offset >= size:
+            length, handle, kind = unpack(data, offset)
+            if length > MAX_PAYLOAD:
+                raise ProtocolError(f"a frame of {length} bytes")
+            start = offset + size
+            if start + length > end:
+                self._needed = start + length - offset
+                break
+            handler(kind, handle, data, start, start + length)  # no slice: steps are read in place
+            offset = start + length
+        else:
+            self._needed = size
+        if offset < end:
+            self._partial += data[offset:]
+
+
+class FrameWriter:
+    """Buffers frames and writes them in one call at the next turn of the event loop."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._frames: list[bytes] = []
+        self._loop = asyncio.get_running_loop()
+
+    def send(self, data: bytes) -> None:
+        if not self._frames:
+            self._loop.call_soon(self.flush)
+        self._frames.append(data)
+
+    def flush(self) -> None:
+        frames, self._frames = self._frames, []
+        if frames and not self._transport.is_closing():
+            self._transport.write(frames[0] if len(frames) == 1 else b"".join(frames))

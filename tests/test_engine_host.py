@@ -1,0 +1,416 @@
+"""One engine process serving front ends over a Unix socket (proxy/engines/host.py and remote.py).
+
+The host runs the real TrtllmEngine on the fake TensorRT-LLM of tests/fake_trtllm, in its own process; the
+front end is a RemoteEngine in the test (or in a process of its own, to kill it). The fake writes what it was
+asked to events.jsonl in the model folder, which is how the tests see aborts and shutdowns in the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from parsers.conversation import ResponseFormat
+from parsers.vocab import Vocab
+from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint, SamplingParams, Step, Usage
+from proxy.engines.remote import RemoteEngine
+from tests.conftest import MODEL, LiveServer
+from tests.test_e2e_chat import ANSWER, CALL, client_for, message_answer
+from tests.test_trtllm import ASK, events, model_folder
+from tools.definitions import FunctionTool, ToolChoice
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE = REPO / "tests" / "fake_trtllm"
+LONG = "<|channel|>final<|message|>" + " word" * 500 + "<|return|>"
+STOPS = (200002, 200012)  # <|return|>, <|call|>
+HOST = """
+import functools, json, sys
+from proxy.engines.host import run_engine_host
+from proxy.engines.trtllm import loaded_trtllm_engine
+run_engine_host(functools.partial(loaded_trtllm_engine, json.loads(sys.argv[1])), sys.argv[2], log_level="info")
+"""
+FRONT_END = """
+import asyncio, sys
+from proxy.engines.base import GenerationRequest, SamplingParams
+from proxy.engines.remote import RemoteEngine
+
+async def main():
+    engine = RemoteEngine(sys.argv[1], retry_interval=0.05)
+    await engine.start()
+    while not engine.ready:
+        await asyncio.sleep(0.01)
+    received = 0
+    async for step in engine.generate(GenerationRequest("doomed", [1] * 21, SamplingParams(max_tokens=500))):
+        received += 1
+        if received == 3:
+            print("streaming", flush=True)
+
+asyncio.run(main())
+"""
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE), str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def request(prompt_length: int, max_tokens: int = 500, **sampling: Any) -> GenerationRequest:
+    """Prompt lengths tell requests apart in the fake's events.jsonl."""
+    return GenerationRequest(
+        f"request-{prompt_length}", [1] * prompt_length, SamplingParams(max_tokens, stop_token_ids=STOPS, **sampling)
+    )
+
+
+def aborted(folder: Path, prompt_length: int) -> bool:
+    recorded = events(folder)
+    ids = {e["request_id"] for e in recorded if e["event"] == "generate" and e["prompt_length"] == prompt_length}
+    return any(e["event"] == "abort" and e["request_id"] in ids for e in recorded)
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def remote(socket_path: Path) -> AsyncIterator[RemoteEngine]:
+    engine = RemoteEngine(socket_path, retry_interval=0.05)
+    await engine.start()
+    try:
+        await wait_until(lambda: engine.ready, 20, "the front end did not connect to the host")
+        yield engine
+    finally:
+        await engine.close()
+
+
+async def collect(steps: AsyncGenerator[Step, None]) -> list[Step]:
+    return [step async for step in steps]
+
+
+def start_host_process(folder: Path, socket_path: Path, stderr: int | None = None, **llm: Any) -> subprocess.Popen[bytes]:
+    arguments = json.dumps({"model": str(folder), **llm})
+    return subprocess.Popen([sys.executable, "-c", HOST, arguments, str(socket_path)], env=CHILD_ENV, stderr=stderr)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    folder = tempfile.mkdtemp(prefix="engine-host-")  # short: a Unix socket path has at most 107 bytes
+    yield Path(folder) / "engine.sock"
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def start_host(socket_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    hosts: list[subprocess.Popen[bytes]] = []
+
+    def start(folder: Path, **llm: Any) -> subprocess.Popen[bytes]:
+        hosts.append(start_host_process(folder, socket_path, **llm))
+        return hosts[-1]
+
+    yield start
+    for host in hosts:
+        stop(host)
+
+
+@pytest.fixture(scope="module")
+def shared_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """A host streaming LONG at 10 ms a step, for the tests that only need a running host: (folder, socket)."""
+    folder = model_folder(tmp_path_factory.mktemp("shared"), [LONG], step_seconds="0.01")
+    sockets = tempfile.mkdtemp(prefix="engine-host-")
+    path = Path(sockets) / "engine.sock"
+    host = start_host_process(folder, path)
+    yield folder, path
+    stop(host)
+    shutil.rmtree(sockets, ignore_errors=True)
+
+
+@pytest.fixture
+def fake_in_this_process() -> Iterator[None]:
+    sys.path.insert(0, str(FAKE))
+    yield
+    sys.path.remove(str(FAKE))
+    for name in [n for n in sys.modules if n == "tensorrt_llm" or n.startswith("tensorrt_llm.")]:
+        del sys.modules[name]
+
+
+def test_a_remote_engine_streams_what_the_engine_streams_in_process(
+    start_host: Callable[..., Any], socket_path: Path, vocab: Vocab, tmp_path: Path, fake_in_this_process: None
+) -> None:
+    from proxy.engines.trtllm import TrtllmEngine
+
+    folder = model_folder(tmp_path, [ANSWER, CALL])
+    weather = FunctionTool("get_weather", "The weather.", {"type": "object", "properties": {"city": {"type": "string"}}})
+    constraint = OutputConstraint((weather,), ToolChoice("function", "get_weather"), ResponseFormat("a", {"type": "object"}))
+    requests = [
+        GenerationRequest("a", list(range(1, 71)), SamplingParams(300, 0.5, 0.8, 7, STOPS, min_tokens=2), constraint),
+        GenerationRequest("b", list(range(1, 80)), SamplingParams(300, stop_token_ids=STOPS)),  # 64 cached tokens
+        GenerationRequest("c", [5, 6, 7], SamplingParams(4, stop_token_ids=STOPS)),  # cut off: length
+    ]
+    start_host(folder, stream_interval=3)
+
+    async def remotely() -> list[list[Step]]:
+        async with remote(socket_path) as engine:
+            return [await collect(engine.generate(r)) for r in requests]
+
+    async def in_process() -> list[list[Step]]:
+        engine = TrtllmEngine({"model": str(folder), "stream_interval": 3}, vocab)
+        await engine.start()
+        try:
+            return [await collect(engine.generate(r)) for r in requests]
+        finally:
+            await engine.close()
+
+    streamed = asyncio.run(remotely())
+    assert streamed == asyncio.run(in_process())
+    assert [steps[-1].finish_reason for steps in streamed] == ["stop", "stop", "length"]
+    assert streamed[1][-1].usage == Usage(79, len(vocab.encode_harmony(CALL)), 64)
+    assert max(len(step.token_ids) for step in streamed[0]) == 3
+    sampling = [e["sampling"] for e in events(folder) if e["event"] == "generate"]
+    assert sampling[:3] == sampling[3:] and sampling[0]["seed"] == 7 and sampling[0]["min_tokens"] == 2
+
+
+def test_closing_the_stream_aborts_the_request_in_the_engine(shared_host: tuple[Path, Path]) -> None:
+    folder, path = shared_host
+
+    async def scenario() -> None:
+        async with remote(path) as engine:
+            steps = engine.generate(request(11))
+            for _ in range(3):
+                await anext(steps)
+            await steps.aclose()
+            await wait_until(lambda: aborted(folder, 11), 5, "the host did not abort the request")
+            after = await collect(engine.generate(request(12, max_tokens=5)))  # the connection still serves
+            assert after[-1].finish_reason == "length" and after[-1].usage == Usage(12, 5, 0)
+            assert not aborted(folder, 12)
+
+    asyncio.run(scenario())
+
+
+def test_a_front_end_that_dies_has_its_requests_aborted(shared_host: tuple[Path, Path]) -> None:
+    folder, path = shared_host
+    front_end = subprocess.Popen([sys.executable, "-c", FRONT_END, str(path)], stdout=subprocess.PIPE, env=CHILD_ENV)
+
+    async def scenario() -> None:
+        async with remote(path) as engine:
+            assert await asyncio.to_thread(front_end.stdout.readline) == b"streaming\n"  # type: ignore[union-attr]
+            survivor = engine.generate(request(22, max_tokens=60))
+            await anext(survivor)
+            front_end.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(front_end.wait)
+            await wait_until(lambda: aborted(folder, 21), 5, "the host did not abort the dead front end's request")
+            rest = await collect(survivor)  # another front end's request goes on
+            assert rest[-1].finish_reason == "length" and rest[-1].usage == Usage(22, 60, 0)
+            assert not aborted(folder, 22)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        stop(front_end)
+
+
+def test_many_streams_are_multiplexed_on_one_connection(shared_host: tuple[Path, Path], vocab: Vocab) -> None:
+    _, path = shared_host
+    arrivals: list[tuple[int, bool]] = []
+
+    async def stream(engine: RemoteEngine, number: int) -> list[Step]:
+        steps = []
+        async for step in engine.generate(request(30, max_tokens=20)):
+            arrivals.append((number, step.finish_reason is not None))
+            steps.append(step)
+        return steps
+
+    async def scenario() -> list[list[Step]]:
+        async with remote(path) as engine:
+            await engine.check_health()  # a round trip to the host's engine.check_health()
+            return await asyncio.gather(*(stream(engine, number) for number in range(100)))
+
+    expected = vocab.encode_harmony(LONG)[:20]
+    for steps in asyncio.run(scenario()):
+        assert [token for step in steps for token in step.token_ids] == expected
+        assert steps[-1].finish_reason == "length" and steps[-1].usage == Usage(30, 20, 0)
+    first_finished = next(index for index, (_, last) in enumerate(arrivals) if last)
+    assert {number for number, _ in arrivals[:first_finished]} == set(range(100))  # all ran at once
+
+
+def test_not_ready_until_the_host_has_loaded_the_model(
+    start_host: Callable[..., Any], socket_path: Path, tmp_path: Path
+) -> None:
+    folder = model_folder(tmp_path, [ANSWER], load_seconds="1.0")
+    start_host(folder)
+
+    async def scenario() -> None:
+        engine = RemoteEngine(socket_path, retry_interval=0.05)
+        started = time.monotonic()
+        await engine.start()
+        assert time.monotonic() - started < 0.1  # the app's lifespan must not wait for the model
+        assert not engine.ready
+        with pytest.raises(EngineError) as unhealthy:
+            await engine.check_health()
+        with pytest.raises(EngineError) as refused:
+            await anext(engine.generate(request(3)))
+        assert (unhealthy.value.status, refused.value.status) == (503, 503)
+        assert not socket_path.exists()  # nothing to connect to while the model loads
+        await wait_until(lambda: engine.ready, 20, "the front end did not connect once the model loaded")
+        assert any(e["event"] == "init" for e in events(folder))
+        await engine.check_health()
+        steps = await collect(engine.generate(request(3)))
+        assert steps[-1].finish_reason == "stop"
+        await engine.close()
+        assert not engine.ready
+
+    asyncio.run(scenario())
+
+
+def test_sigterm_while_the_model_loads_ends_the_host_at_once(
+    start_host: Callable[..., subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    folder = model_folder(tmp_path, [ANSWER], load_seconds="30")
+    host = start_host(folder, stderr=subprocess.PIPE)
+    assert host.stderr is not None
+    while b"loading" not in (line := host.stderr.readline()):  # the LLM is being built
+        assert line, "the host ended before loading the model"
+    host.terminate()
+    assert host.wait(5) == 128 + signal.SIGTERM  # unwound by SystemExit, so atexit clean-up ran
+    assert events(folder) == []  # the LLM never finished loading
+
+
+def test_engine_errors_cross_with_their_status_and_code(
+    start_host: Callable[..., Any], socket_path: Path, vocab: Vocab, tmp_path: Path, fake_in_this_process: None
+) -> None:
+    from proxy.engines.trtllm import TrtllmEngine
+
+    folder = model_folder(tmp_path, [ANSWER], fail_after="5")
+    start_host(folder, max_num_tokens=16)
+
+    async def outcomes(engine: Any) -> list[tuple[int, int, str | None, str]]:
+        results = []
+        for prompt_length in (20, 3):  # too long for max_num_tokens; fails after 5 tokens
+            received = 0
+            with pytest.raises(EngineError) as failed:
+                async for step in engine.generate(request(prompt_length)):
+                    received += len(step.token_ids)
+            results.append((received, failed.value.status, failed.value.code, failed.value.message))
+        return results
+
+    async def remotely() -> list[tuple[int, int, str | None, str]]:
+        async with remote(socket_path) as engine:
+            return await outcomes(engine)
+
+    async def in_process() -> list[tuple[int, int, str | None, str]]:
+        engine = TrtllmEngine({"model": str(folder), "max_num_tokens": 16}, vocab)
+        await engine.start()
+        try:
+            return await outcomes(engine)
+        finally:
+            await engine.close()
+
+    crossed = asyncio.run(remotely())
+    assert crossed == asyncio.run(in_process())
+    (_, status, code, message), (received, failing, failing_code, failure) = crossed
+    assert (status, code) == (400, "context_length_exceeded") and "max_num_tokens (16)" in message
+    assert (received, failing, failing_code) == (5, 500, "engine_error") and "CUDA out of memory" in failure
+
+
+def test_a_host_that_dies_fails_running_requests_and_a_new_one_is_reconnected(
+    start_host: Callable[..., Any], socket_path: Path, tmp_path: Path
+) -> None:
+    folder = model_folder(tmp_path, [LONG], step_seconds="0.01")
+    host = start_host(folder)
+
+    async def scenario() -> None:
+        async with remote(socket_path) as engine:
+            steps = engine.generate(request(3))
+            await anext(steps)
+            host.kill()
+            with pytest.raises(EngineError) as gone:
+                await collect(steps)
+            assert (gone.value.status, gone.value.code) == (503, "engine_unavailable")
+            assert not engine.ready
+            with pytest.raises(EngineError):
+                await engine.check_health()
+            start_host(folder)  # at the same path, where the dead host's socket file is left
+            await wait_until(lambda: engine.ready, 20, "the front end did not reconnect")
+            again = await collect(engine.generate(request(3, max_tokens=5)))
+            assert again[-1].usage == Usage(3, 5, 0)
+
+    asyncio.run(scenario())
+
+
+def test_sigterm_fails_running_requests_and_shuts_the_engine_down(
+    socket_path: Path, tmp_path: Path, fake_in_this_process: None
+) -> None:
+    from proxy.engines.host import run_engine_host
+    from proxy.engines.trtllm import loaded_trtllm_engine
+
+    folder = model_folder(tmp_path, [LONG], step_seconds="0.01")
+    build = functools.partial(loaded_trtllm_engine, {"model": str(folder)})
+    host = multiprocessing.get_context("spawn").Process(target=run_engine_host, args=(build, socket_path))
+    host.start()  # as a supervisor would start it
+
+    async def scenario() -> None:
+        async with remote(socket_path) as engine:
+            steps = engine.generate(request(3))
+            await anext(steps)
+            host.terminate()
+            with pytest.raises(EngineError) as closing:
+                await collect(steps)
+            assert (closing.value.status, closing.value.code) == (503, "engine_shutting_down")
+
+    try:
+        asyncio.run(scenario())
+        host.join(10)
+        assert host.exitcode == 0
+        assert [e["event"] for e in events(folder)][-2:] == ["abort", "shutdown"]
+        assert not socket_path.exists()
+    finally:
+        if host.is_alive():
+            host.kill()
+
+
+def test_an_http_front_end_on_the_engine_host(
+    serve: Callable[..., LiveServer], start_host: Callable[..., Any], socket_path: Path, tmp_path: Path
+) -> None:
+    folder = model_folder(tmp_path, [ANSWER, LONG], step_seconds="0.01")
+    server = serve(engine=RemoteEngine(socket_path, retry_interval=0.05))
+    assert httpx.get(server.base_url + "/health", timeout=5).status_code == 503
+    assert httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=5).status_code == 503
+    start_host(folder)
+    deadline = time.monotonic() + 20
+    while httpx.get(server.base_url + "/health", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "the front end did not become healthy"
+        time.sleep(0.02)
+    answer = message_answer(client_for(server).chat.completions.create(model=MODEL, messages=ASK["messages"]))
+    assert answer == {"reasoning": "Easy.", "content": "It is 18C.", "tool_calls": [], "finish_reason": "stop"}
+    body = {**ASK, "stream": True}
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=30) as streamed:
+        lines = streamed.iter_lines()
+        for _ in range(6):
+            next(lines)
+    deadline = time.monotonic() + 5
+    while not any(e["event"] == "abort" for e in events(folder)):  # the client left: aborted in the host
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.02)
