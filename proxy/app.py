@@ -41,7 +41,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The engine loads in the background: the server answers at once, /health says 503 until it is ready.
         starting = asyncio.create_task(_start_engine(state, on_engine_failure))
-        await _fail_interrupted_responses(state)
+        await _open_background_jobs(state)
         try:
             yield
         finally:
@@ -85,23 +85,11 @@ def create_app(
     return app
 
 
-async def _fail_interrupted_responses(state: ServerState) -> None:
-    """Background responses left queued or in progress by an earlier process will never finish: say so."""
-    if state.responses is None:
-        return
-    for response_id in await state.responses.unfinished():
-        record = await state.responses.load(response_id)
-        if record is None:
-            continue
-        record.resource.update(
-            status="failed",
-            error={"code": "server_restarted", "message": "The server restarted before this response finished."},
-        )
-        for item in record.resource["output"]:
-            if item.get("status") == "in_progress":
-                item["status"] = "incomplete"
-        await state.responses.save(record)
-        logger.warning("response %s was interrupted by a restart; marked failed", response_id)
+async def _open_background_jobs(state: ServerState) -> None:
+    """Background responses left unfinished by a server process that is gone will never finish: say so, now and
+    while serving; also watch for cancels from other worker processes (`proxy/responses/jobs.py`)."""
+    if state.jobs is not None:
+        await state.jobs.open()
 
 
 async def _start_engine(state: ServerState, on_failure: Callable[[BaseException], None] | None) -> None:

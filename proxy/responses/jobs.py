@@ -1,24 +1,56 @@
-"""Background responses: generated without the client, saved as they progress, cancellable."""
+"""Background responses: generated without the client, saved as they progress, cancellable from any process.
+
+Several server processes (`--workers`) can share one store; a background response runs in the process that
+created it, which owns it in the store (`SQLiteResponseStore` records the owner and a heartbeat). The owner
+saves the response on each finished output item and at least every PROGRESS_EVERY seconds, so a GET on any
+process shows the progress. Another process cancels (or deletes) it by recording a cancel request; the owner
+polls for those every POLL_EVERY seconds, cancels the job (its engine request is aborted) and saves it, while
+the other process waits for the store to show it ended. The owner renews its heartbeat every lease / 5; at start
+and every lease / 2, each process ends the unfinished responses whose owner's heartbeat is older than the lease
+(its process died, so they will never finish), and never those of a live process, so a worker that starts or
+restarts leaves the others' jobs alone. A job whose record its process no longer owns (deleted, or ended as
+abandoned after a stall longer than the lease) stops without saving.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
+from typing import Any
 
 from proxy.responses.run import ResponseRun
-from proxy.responses.store import ResponseStore
+from proxy.responses.store import UNFINISHED, ResponseStore, StoredResponse
 
 logger = logging.getLogger("harmony_proxy")
 
+LEASE = 10.0  # seconds without a heartbeat after which a process is taken for dead
+POLL_EVERY = 0.2  # seconds between the owner's looks for cancel requests
+PROGRESS_EVERY = 1.0  # seconds between saves of a long item's text
+CANCEL_WAIT = 5.0  # seconds a cancel waits for another process to end the job
+_ENDED = {"response.completed", "response.incomplete", "response.failed"}
+
+
+class _Lost(Exception):
+    """The store no longer has this job as ours."""
+
 
 class BackgroundJobs:
-    def __init__(self, store: ResponseStore) -> None:
+    def __init__(self, store: ResponseStore, lease: float = LEASE) -> None:
         self._store = store
+        self._lease = lease
         self._running: dict[str, tuple[asyncio.Task[None], ResponseRun]] = {}
+        self._watcher: asyncio.Task[None] | None = None
         self._closing = False
 
+    async def open(self) -> None:
+        """End what dead processes left unfinished, then keep watching for cancel requests and dead owners."""
+        await self.sweep()
+        self._watcher = asyncio.create_task(self._watch(), name="background jobs")
+
     def start(self, run: ResponseRun) -> None:
+        """Run a response that was saved as queued (which made it this process's job)."""
         task = asyncio.create_task(self._generate(run), name=f"response {run.id}")
         self._running[run.id] = (task, run)
         task.add_done_callback(lambda _: self._running.pop(run.id, None))
@@ -27,34 +59,115 @@ class BackgroundJobs:
         job = self._running.get(response_id)
         return job[1] if job else None
 
-    async def cancel(self, response_id: str) -> ResponseRun | None:
-        """Stop a running job (its engine request is aborted) and save it as cancelled; None if not running."""
+    async def cancel(self, response_id: str, wait: float = CANCEL_WAIT) -> dict[str, Any] | None:
+        """Cancel a background response in whichever process runs it; the response as it then stands, None if
+        not stored. When another process runs it, wait up to `wait` seconds for that process to end it."""
         job = self._running.get(response_id)
-        if job is None:
-            return None
-        task, run = job
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return run
+        if job is not None:
+            return (await self._stop(job)).resource()
+        if await self._store.request_cancel(response_id):
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait
+            while loop.time() < deadline:
+                record = await self._store.load(response_id)
+                if record is None or record.resource["status"] not in UNFINISHED:
+                    return record.resource if record else None
+                await asyncio.sleep(0.05)
+        record = await self._store.load(response_id)
+        return record.resource if record else None
+
+    async def sweep(self) -> None:
+        """End the unfinished responses of processes that died."""
+        for response_id in await self._store.end_abandoned(self._lease, _end_abandoned):
+            logger.warning("response %s was left unfinished by a server process that stopped; ended it", response_id)
 
     async def close(self) -> None:
         """The server is stopping: running jobs end as failed (nobody cancelled them)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         self._closing = True
-        for response_id in list(self._running):
-            await self.cancel(response_id)
+        for job in list(self._running.values()):
+            await self._stop(job)
+
+    async def _stop(self, job: tuple[asyncio.Task[None], ResponseRun]) -> ResponseRun:
+        task, run = job
+        task.cancel()
+        await asyncio.wait([task])  # unlike `await task`, a cancel of our own still reaches us
+        if run.resource()["status"] in UNFINISHED:  # cancelled before it began, so nothing ended it
+            self._halt(run)
+            await self._store.save_owned(run.record())
+        return run
+
+    def _halt(self, run: ResponseRun) -> None:
+        if self._closing:
+            run.interrupt("server_shutdown", "The server shut down before this response finished.")
+        else:
+            run.cancel()
 
     async def _generate(self, run: ResponseRun) -> None:
         try:
-            async for payload in run.events():
-                if payload["type"] == "response.output_item.done":
-                    await self._store.save(run.record())  # GET shows the progress
+            await self._follow(run)
         except asyncio.CancelledError:
-            if self._closing:
-                run.interrupt("server_shutdown", "The server shut down before this response finished.")
-            else:
-                run.cancel()
+            self._halt(run)
+        except _Lost:
+            logger.warning("response %s was deleted or ended by another server process; stopped it", run.id)
+            return
         except Exception:
             logger.exception("background response %s failed", run.id)
             run.interrupt("server_error", "The server failed while generating this response.")
-        await self._store.save(run.record())
+        await self._store.save_owned(run.record())
+
+    async def _follow(self, run: ResponseRun) -> None:
+        """Generate, saving the progress on each finished item and at least every PROGRESS_EVERY seconds."""
+        saved = time.monotonic()
+        async with contextlib.aclosing(run.batches()) as batches:  # leaving early aborts the engine request
+            async for batch in batches:
+                last = batch[-1] if batch else None
+                if type(last) is dict and last["type"] in _ENDED:
+                    continue  # the final save follows
+                now = time.monotonic()
+                if now - saved >= PROGRESS_EVERY or any(
+                    type(payload) is dict and payload["type"] == "response.output_item.done" for payload in batch
+                ):
+                    saved = now
+                    if not await self._store.save_owned(run.record()):
+                        raise _Lost
+
+    async def _watch(self) -> None:
+        """The owner's side: act on cancel requests, renew the heartbeat; everyone's: end dead owners' jobs."""
+        loop = asyncio.get_running_loop()
+        renewed = swept = loop.time()
+        while True:
+            await asyncio.sleep(POLL_EVERY)
+            try:
+                if self._running:
+                    for response_id in await self._store.cancel_requests():
+                        job = self._running.get(response_id)
+                        if job is not None:
+                            await self._stop(job)
+                    if loop.time() - renewed >= self._lease / 5:
+                        await self._store.renew()
+                        renewed = loop.time()
+                if loop.time() - swept >= self._lease / 2:
+                    await self.sweep()
+                    swept = loop.time()
+            except Exception:  # a busy or failing disk must not end the watch
+                logger.exception("watching background responses failed")
+
+
+def _end_abandoned(record: StoredResponse, cancel_requested: bool) -> None:
+    """A response whose process died: cancelled if someone asked for that, else failed."""
+    resource = record.resource
+    if cancel_requested:
+        resource["status"] = "cancelled"
+    else:
+        resource.update(status="failed", error={
+            "code": "server_restarted",
+            "message": "The server process generating this response stopped before it finished.",
+        })
+    resource["completed_at"] = int(time.time())
+    for item in resource["output"]:
+        if item.get("status") == "in_progress":
+            item["status"] = "incomplete"

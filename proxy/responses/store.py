@@ -3,13 +3,23 @@
 The interface is what the Responses routes need and no more, so a shared database can later serve several
 replicas. SQLite runs on one worker thread (never on the event loop); each save is one transaction, so a crash
 leaves either the old record or the new one, never half of one.
+
+Several server processes (`--workers`) may open the same file: WAL lets readers go on while one process writes,
+writers wait for each other (busy timeout) instead of failing, and every read is one statement or one read
+transaction, so it sees whole saves only. Each store instance is an owner (a per-process token): an unfinished
+(queued or in-progress) response it saves is recorded in `jobs` as its own, with a heartbeat that it renews
+while it runs the response, and a flag other processes set to ask for a cancel. `proxy/responses/jobs.py` says
+how the owner and the other processes use them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import secrets
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 UNFINISHED = ("queued", "in_progress")
+BUSY_TIMEOUT = 30.0  # seconds a write waits for another process's write; it waits on the store thread, not the loop
 
 
 @dataclass
@@ -31,7 +42,14 @@ class StoredResponse:
 
 
 class ResponseStore(Protocol):
-    async def save(self, record: StoredResponse) -> None: ...
+    async def save(self, record: StoredResponse) -> None:
+        """Save a response; an unfinished one becomes this store's job (see `save_owned`), a finished one no job."""
+        ...
+
+    async def save_owned(self, record: StoredResponse) -> bool:
+        """Save a response only while it is still this store's job; False (nothing saved) once it is not:
+        deleted, or ended by another process as abandoned."""
+        ...
 
     async def load(self, response_id: str) -> StoredResponse | None: ...
 
@@ -45,11 +63,26 @@ class ResponseStore(Protocol):
         """Stored items (input or output) by id; ids not found are left out."""
         ...
 
-    async def unfinished(self) -> list[str]:
-        """Ids of responses saved as queued or in progress."""
+    async def request_cancel(self, response_id: str) -> bool:
+        """Ask the owner of an unfinished response to cancel it; False if no process runs it."""
         ...
 
-    async def close(self) -> None: ...
+    async def cancel_requests(self) -> list[str]:
+        """Ids of this store's jobs that another process asked to cancel."""
+        ...
+
+    async def renew(self) -> None:
+        """Refresh the heartbeat of this store's jobs: their process is alive."""
+        ...
+
+    async def end_abandoned(self, lease: float, end: Callable[[StoredResponse, bool], None]) -> list[str]:
+        """End the unfinished responses whose owner's heartbeat is older than `lease` seconds, or that have no
+        owner: `end(record, cancel_requested)` gives each a final status, and it is saved. Returns their ids."""
+        ...
+
+    async def close(self) -> None:
+        """Close; jobs still owned are given up, so other processes end them at once."""
+        ...
 
 
 _SCHEMA = """
@@ -69,44 +102,84 @@ CREATE TABLE IF NOT EXISTS items (
 );
 -- Clients replay earlier output items, ids and all, as input: one id can belong to several responses.
 CREATE INDEX IF NOT EXISTS items_by_id ON items (id);
+-- The few unfinished responses, found without reading them all.
+CREATE INDEX IF NOT EXISTS unfinished_responses ON responses (id) WHERE status IN ('queued', 'in_progress');
+-- Who runs each unfinished response: owner token, heartbeat (Unix time), and whether a cancel was asked for.
+CREATE TABLE IF NOT EXISTS jobs (
+    response_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    heartbeat REAL NOT NULL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner);
 """
+
+# Literal statuses, matching the partial index's condition so that SQLite uses it.
+_ABANDONED = """SELECT r.id, r.resource, r.input_items, coalesce(j.cancel_requested, 0)
+                FROM responses r LEFT JOIN jobs j ON j.response_id = r.id
+                WHERE r.status IN ('queued', 'in_progress') AND (j.owner IS NULL OR j.heartbeat < ?)"""
 
 
 class SQLiteResponseStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
+        self.owner = f"{os.getpid()}-{secrets.token_hex(6)}"  # unique even if a pid is reused
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-store")
         self._db = self._worker.submit(self._open).result()
 
     def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        db = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        db.executescript(_SCHEMA)
+        with _transaction(db):  # one process creates the schema while the others wait
+            for statement in _SCHEMA.split(";"):
+                db.execute(statement)
         return db
 
     async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._worker, work, self._db)
 
     async def save(self, record: StoredResponse) -> None:
-        resource = record.resource
-        items = [*record.input_items, *resource.get("output", [])]
-
         def write(db: sqlite3.Connection) -> None:
             with _transaction(db):
-                db.execute(
-                    "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-                    (record.id, resource.get("previous_response_id"), resource["status"], resource["created_at"],
-                     json.dumps(resource), json.dumps(record.input_items)),
-                )
-                db.execute("DELETE FROM items WHERE response_id = ?", (record.id,))
-                db.executemany(
-                    "INSERT OR REPLACE INTO items VALUES (?, ?, ?)",
-                    [(record.id, item["id"], json.dumps(item)) for item in items if item.get("id")],
-                )
+                self._write(db, record)
 
         await self._run(write)
+
+    async def save_owned(self, record: StoredResponse) -> bool:
+        def write(db: sqlite3.Connection) -> bool:
+            with _transaction(db):
+                owned = db.execute("SELECT 1 FROM jobs WHERE response_id = ? AND owner = ?",
+                                   (record.id, self.owner)).fetchone()
+                if owned:
+                    self._write(db, record)
+                return owned is not None
+
+        return await self._run(write)
+
+    def _write(self, db: sqlite3.Connection, record: StoredResponse) -> None:
+        resource = record.resource
+        items = [*record.input_items, *resource.get("output", [])]
+        db.execute(
+            "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
+            (record.id, resource.get("previous_response_id"), resource["status"], resource["created_at"],
+             json.dumps(resource), json.dumps(record.input_items)),
+        )
+        db.execute("DELETE FROM items WHERE response_id = ?", (record.id,))
+        db.executemany(
+            "INSERT OR REPLACE INTO items VALUES (?, ?, ?)",
+            [(record.id, item["id"], json.dumps(item)) for item in items if item.get("id")],
+        )
+        if resource["status"] in UNFINISHED:
+            db.execute(
+                """INSERT INTO jobs VALUES (?, ?, ?, 0)
+                   ON CONFLICT (response_id) DO UPDATE SET heartbeat = excluded.heartbeat
+                   WHERE owner = excluded.owner""",
+                (record.id, self.owner, time.time()),
+            )
+        else:
+            db.execute("DELETE FROM jobs WHERE response_id = ?", (record.id,))
 
     async def load(self, response_id: str) -> StoredResponse | None:
         def read(db: sqlite3.Connection) -> tuple[str, str] | None:
@@ -119,6 +192,7 @@ class SQLiteResponseStore:
         def remove(db: sqlite3.Connection) -> bool:
             with _transaction(db):
                 db.execute("DELETE FROM items WHERE response_id = ?", (response_id,))
+                db.execute("DELETE FROM jobs WHERE response_id = ?", (response_id,))
                 return db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
 
         return await self._run(remove)
@@ -147,22 +221,55 @@ class SQLiteResponseStore:
     async def items(self, item_ids: list[str]) -> dict[str, dict[str, Any]]:
         def read(db: sqlite3.Connection) -> list[tuple[str, str]]:
             rows = []
-            for start in range(0, len(item_ids), 500):  # SQLite caps the variables of one statement
-                chunk = item_ids[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                rows += db.execute(f"SELECT id, item FROM items WHERE id IN ({marks})", chunk).fetchall()
+            db.execute("BEGIN")  # one snapshot for all the chunks
+            try:
+                for start in range(0, len(item_ids), 500):  # SQLite caps the variables of one statement
+                    chunk = item_ids[start : start + 500]
+                    marks = ",".join("?" * len(chunk))
+                    rows += db.execute(f"SELECT id, item FROM items WHERE id IN ({marks})", chunk).fetchall()
+            finally:
+                db.execute("COMMIT")
             return rows
 
         return {item_id: json.loads(item) for item_id, item in await self._run(read)} if item_ids else {}
 
-    async def unfinished(self) -> list[str]:
+    async def request_cancel(self, response_id: str) -> bool:
+        def write(db: sqlite3.Connection) -> bool:
+            return db.execute("UPDATE jobs SET cancel_requested = 1 WHERE response_id = ?", (response_id,)).rowcount > 0
+
+        return await self._run(write)
+
+    async def cancel_requests(self) -> list[str]:
         def read(db: sqlite3.Connection) -> list[tuple[str]]:
-            return db.execute("SELECT id FROM responses WHERE status IN (?, ?)", UNFINISHED).fetchall()
+            return db.execute("SELECT response_id FROM jobs WHERE owner = ? AND cancel_requested",
+                              (self.owner,)).fetchall()
 
         return [row[0] for row in await self._run(read)]
 
+    async def renew(self) -> None:
+        await self._run(lambda db: db.execute("UPDATE jobs SET heartbeat = ? WHERE owner = ?", (time.time(), self.owner)))
+
+    async def end_abandoned(self, lease: float, end: Callable[[StoredResponse, bool], None]) -> list[str]:
+        def sweep(db: sqlite3.Connection) -> list[str]:
+            # Most sweeps find nothing: look first without taking the write lock.
+            if not db.execute(_ABANDONED, (time.time() - lease,)).fetchone():
+                return []
+            with _transaction(db):  # look again: an owner may have saved in between
+                rows = db.execute(_ABANDONED, (time.time() - lease,)).fetchall()
+                for response_id, resource, input_items, cancel_requested in rows:
+                    record = StoredResponse(json.loads(resource), json.loads(input_items))
+                    end(record, bool(cancel_requested))
+                    self._write(db, record)
+            return [row[0] for row in rows]
+
+        return await self._run(sweep)
+
     async def close(self) -> None:
-        await self._run(lambda db: db.close())
+        def release(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM jobs WHERE owner = ?", (self.owner,))
+            db.close()
+
+        await self._run(release)
         self._worker.shutdown(wait=True)
 
 

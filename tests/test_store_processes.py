@@ -1,0 +1,313 @@
+"""One Responses store, several server processes (`--workers`): concurrent writes and reads from separate
+processes lose or corrupt nothing, and a background response can be watched, cancelled and deleted from a
+process that is not running it, without another process's start or restart failing it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import random
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.responses.jobs import BackgroundJobs
+from proxy.responses.store import SQLiteResponseStore, StoredResponse
+from tests.conftest import MODEL
+
+ROOT = Path(__file__).resolve().parent.parent
+LONG = "<|channel|>final<|message|>" + " word" * 400 + "<|return|>"  # 8 s at 20 ms a token
+
+# -- the store, hammered by separate processes -------------------------------------------------------------------
+
+
+def _record(writer: int, number: int, done: bool) -> StoredResponse:
+    """Response `number` of `writer`, in progress or done; it continues the writer's previous response."""
+    text = f"answer {writer}/{number}" + " more" * (number % 40) * 10
+    resource = {
+        "id": f"resp_{writer}_{number}", "object": "response", "created_at": 1_700_000_000 + number,
+        "status": "completed" if done else "in_progress",
+        "previous_response_id": f"resp_{writer}_{number - 1}" if number else None,
+        "output": [{"id": f"msg_{writer}_{number}", "type": "message", "role": "assistant",
+                    "status": "completed" if done else "in_progress",
+                    "content": [{"type": "output_text", "text": text if done else text[: len(text) // 2]}]}],
+    }
+    question = {"id": f"in_{writer}_{number}", "type": "message", "role": "user",
+                "content": [{"type": "input_text", "text": f"question {writer}/{number}"}]}
+    return StoredResponse(resource, [question])
+
+
+def _items(record: StoredResponse) -> list[dict[str, Any]]:
+    return [*record.input_items, *record.resource["output"]]
+
+
+def _hammer(path: str, writer: int, writers: int, rounds: int) -> list[str]:
+    """One process's share: save (in progress, then done), read back, read the others' work, delete."""
+    return asyncio.run(_hammer_store(Path(path), writer, writers, rounds))
+
+
+async def _hammer_store(path: Path, writer: int, writers: int, rounds: int) -> list[str]:
+    store = SQLiteResponseStore(path)
+    rng = random.Random(writer)
+    problems: list[str] = []
+    try:
+        for number in range(rounds):
+            partial, final = _record(writer, number, False), _record(writer, number, True)
+            await store.save(partial)
+            if not await store.save_owned(final):
+                problems.append(f"{final.id}: not owned by its writer")
+            loaded = await store.load(final.id)
+            if loaded is None or loaded.resource != final.resource or loaded.input_items != final.input_items:
+                problems.append(f"{final.id}: read back differs")
+            chain = await store.history(final.id)
+            expected = [item for k in range(number + 1) for item in _items(_record(writer, k, True))]
+            if chain != expected:
+                problems.append(f"{final.id}: history differs")
+            scratch = StoredResponse({**_record(writer, number, True).resource, "id": f"tmp_{writer}_{number}"}, [])
+            await store.save(scratch)
+            if not await store.delete(scratch.id) or await store.load(scratch.id) is not None:
+                problems.append(f"{scratch.id}: not deleted")
+            # Another writer's work: absent, or one whole version of it.
+            other = rng.choice([w for w in range(writers) if w != writer])
+            k = rng.randrange(rounds)
+            seen = await store.load(f"resp_{other}_{k}")
+            versions = [_record(other, k, False), _record(other, k, True)]
+            if seen is not None and (seen.resource, seen.input_items) not in [(v.resource, v.input_items)
+                                                                             for v in versions]:
+                problems.append(f"resp_{other}_{k}: a torn read")
+            found = await store.items([f"in_{other}_{k}", f"msg_{other}_{k}"])
+            allowed = [item for v in versions for item in _items(v)]
+            problems += [f"{item_id}: a torn item" for item_id, item in found.items() if item not in allowed]
+    finally:  # an exception ("database is locked" and the like) reaches the test through the pool
+        await store.close()
+    return problems
+
+
+def test_separate_processes_share_one_store(tmp_path: Path) -> None:
+    path = tmp_path / "shared.sqlite3"
+    writers, rounds = 3, 120
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(writers, mp_context=context) as pool:
+        results = list(pool.map(_hammer, [str(path)] * writers, range(writers), [writers] * writers,
+                                [rounds] * writers))
+    assert [problem for problems in results for problem in problems] == []
+
+    async def check() -> None:
+        store = SQLiteResponseStore(path)
+        for writer in range(writers):
+            for number in range(rounds):
+                final = _record(writer, number, True)
+                loaded = await store.load(final.id)
+                assert loaded is not None and loaded.resource == final.resource, final.id
+                assert await store.load(f"tmp_{writer}_{number}") is None
+        await store.close()
+
+    asyncio.run(check())
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert db.execute("SELECT count(*) FROM responses").fetchone() == (writers * rounds,)
+        assert db.execute("SELECT count(*) FROM jobs").fetchone() == (0,)  # every job ended with its response
+
+
+def test_only_a_dead_owners_jobs_are_ended(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite3"
+
+    async def scenario() -> None:
+        owner, other = SQLiteResponseStore(path), SQLiteResponseStore(path)  # two processes, as SQLite sees it
+        watcher = BackgroundJobs(other, lease=0.5)
+        await owner.save(_record(1, 0, False))
+        await owner.save(_record(2, 0, False))
+        assert await other.request_cancel("resp_2_0")
+        assert not await other.request_cancel("resp_9_9")  # nobody runs it
+        assert await owner.cancel_requests() == ["resp_2_0"] and await other.cancel_requests() == []
+        for _ in range(5):  # the owner is alive: it renews its heartbeat, and its jobs are left alone
+            await asyncio.sleep(0.2)
+            await owner.renew()
+            await watcher.sweep()
+        assert (await other.load("resp_1_0")).resource["status"] == "in_progress"
+        await asyncio.sleep(0.7)  # the owner stops renewing, as a killed process would
+        await watcher.sweep()
+        failed = (await other.load("resp_1_0")).resource
+        assert failed["status"] == "failed" and failed["error"]["code"] == "server_restarted"
+        assert failed["output"][0]["status"] == "incomplete"
+        assert (await other.load("resp_2_0")).resource["status"] == "cancelled"  # as was asked
+        assert not await owner.save_owned(_record(1, 0, True))  # a stalled owner cannot overwrite the ending
+        assert (await other.load("resp_1_0")).resource["status"] == "failed"
+        await owner.save(_record(3, 0, False))
+        await owner.close()  # a process that closes its store gives its jobs up: they end at once
+        await BackgroundJobs(other, lease=60).sweep()
+        assert (await other.load("resp_3_0")).resource["status"] == "failed"
+        await other.close()
+
+    asyncio.run(scenario())
+
+
+# -- two real server processes on one store ----------------------------------------------------------------------
+
+
+class ServerProcess:
+    """`python -m proxy serve` with the scripted engine, on a loopback port of its own."""
+
+    def __init__(self, script: Path, store: Path, log: Path, *options: str) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = log
+        command = [sys.executable, "-m", "proxy", "serve", "--engine", "scripted", "--script", str(script),
+                   "--token-delay-ms", "20", "--host", "127.0.0.1", "--port", str(self.port),
+                   "--store-path", str(store), "--shutdown-timeout", "2", *options]
+        with log.open("ab") as output:
+            self.process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output)
+        deadline = time.monotonic() + 30
+        while True:
+            assert self.process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the server did not start"
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return httpx.request(method, self.url + path, timeout=30, **kwargs)
+
+    def create(self, **body: Any) -> dict[str, Any]:
+        response = self.request("POST", "/v1/responses", json={"model": MODEL, "input": "hi", **body})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def get(self, response_id: str) -> dict[str, Any]:
+        response = self.request("GET", f"/v1/responses/{response_id}")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
+
+
+def _text(resource: dict[str, Any]) -> str:
+    return "".join(part["text"] for item in resource["output"] if item["type"] == "message"
+                   for part in item["content"])
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Any]:
+    """servers(*options) -> a server process on the test's one store; all are stopped at the end."""
+    script = tmp_path / "script.jsonl"
+    script.write_text(json.dumps({"completion": LONG}) + "\n", encoding="utf-8")
+    started: list[ServerProcess] = []
+
+    def start(*options: str) -> ServerProcess:
+        started.append(ServerProcess(script, tmp_path / "shared.sqlite3", tmp_path / "servers.log", *options))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def test_background_response_is_watched_and_cancelled_from_another_process(servers: Any) -> None:
+    owner = servers("--max-concurrent-requests", "1", "--max-queue", "0")  # a 429 if the job held the engine
+    other = servers()
+    job = owner.create(background=True)
+    deadline = time.monotonic() + 10
+    while not _text(seen := other.get(job["id"])):  # saved progress, as another worker sees it
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert seen["status"] == "in_progress"
+    time.sleep(1.3)
+    later = other.get(job["id"])
+    assert later["status"] == "in_progress" and len(_text(later)) > len(_text(seen))  # a long item's text grows
+    asked = time.monotonic()
+    cancelled = other.request("POST", f"/v1/responses/{job['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert time.monotonic() - asked < 2
+    assert all(item["status"] != "in_progress" for item in cancelled.json()["output"])
+    assert owner.get(job["id"]) == other.get(job["id"]) == cancelled.json()
+    quick = owner.create(max_output_tokens=3)  # the engine request was aborted: the owner's one slot is free
+    assert quick["status"] == "incomplete"
+    time.sleep(0.5)
+    assert other.get(job["id"]) == cancelled.json()  # and stays as it ended
+
+    doomed = owner.create(background=True)
+    time.sleep(0.3)
+    deleted = other.request("DELETE", f"/v1/responses/{doomed['id']}")
+    assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+    time.sleep(1.5)  # past the owner's next progress save: it must not write the response back
+    for server in (owner, other):
+        assert server.request("GET", f"/v1/responses/{doomed['id']}").status_code == 404
+    assert owner.create(max_output_tokens=3)["status"] == "incomplete"
+
+
+def test_concurrent_writes_through_two_processes(servers: Any) -> None:
+    pair = [servers(), servers()]
+
+    def conversation(number: int) -> list[dict[str, Any]]:
+        """Three turns, alternating processes, each continuing the last; some in the background."""
+        turns: list[dict[str, Any]] = []
+        for turn in range(3):
+            server = pair[(number + turn) % 2]
+            body: dict[str, Any] = {"input": f"turn {turn} of {number}", "max_output_tokens": 4 + turn}
+            if turns:
+                body["previous_response_id"] = turns[-1]["id"]
+            created = server.create(**body, background=number % 3 == 0)
+            while created["status"] in ("queued", "in_progress"):
+                time.sleep(0.05)
+                created = server.get(created["id"])
+            turns.append(created)
+        return turns
+
+    with ThreadPoolExecutor(8) as pool:
+        made = [turn for turns in pool.map(conversation, range(16)) for turn in turns]
+    assert len({response["id"] for response in made}) == 48
+    for response in made:
+        assert response["status"] == "incomplete" and _text(response)
+        for server in pair:
+            assert server.get(response["id"]) == response
+    last = made[-1]
+    items = pair[0].request("GET", f"/v1/responses/{last['id']}/input_items").json()["data"]
+    assert items[0]["content"][0]["text"] == "turn 2 of 15"
+
+
+def test_a_restarting_process_leaves_the_others_jobs_running(servers: Any) -> None:
+    owner, other = servers(), servers()
+    job = owner.create(background=True, max_output_tokens=150)  # about 3 s
+    time.sleep(0.3)
+    other.stop()  # a worker restarts (its own start-up ends what dead processes left unfinished)
+    other = servers()
+    assert other.get(job["id"])["status"] == "in_progress"
+    deadline = time.monotonic() + 15
+    while (ended := other.get(job["id"]))["status"] == "in_progress":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert ended["status"] == "incomplete" and ended["error"] is None  # ran to its token limit
+    assert owner.get(job["id"]) == ended
+
+
+def test_workers_serve_each_others_background_responses(servers: Any) -> None:
+    """`--workers 2`: every call lands on whichever worker accepts it, and each one works."""
+    server = servers("--workers", "2")
+    jobs = [server.create(background=True) for _ in range(6)]
+    time.sleep(1.2)
+    for job in jobs:
+        progress = server.get(job["id"])
+        assert progress["status"] == "in_progress" and _text(progress)
+        asked = time.monotonic()
+        cancelled = server.request("POST", f"/v1/responses/{job['id']}/cancel").json()
+        assert cancelled["status"] == "cancelled" and time.monotonic() - asked < 2
+        assert server.get(job["id"]) == cancelled
