@@ -17,14 +17,32 @@ token for token): the library's tokenizer is quadratic on long unbroken runs and
 while `Vocab.encode` stays linear; and the library writes history tool calls as
 `<|start|>assistant to=functions.NAME<|channel|>commentary`, a form linked to the model putting later calls on
 the analysis channel.
+
+Reuse: every piece (the system message, the developer instructions, the tools section, each message) is
+encoded on its own, as it always was here (in openai-harmony's form), so its tokens depend on its content alone. The
+renderer keeps them in a bounded LRU keyed by content: the next turn of a conversation encodes only its new
+messages, and an agent's tools are rendered once. Uncached work above `OFF_LOOP_CHARS` goes to a worker thread
+(`render_off_loop`); long texts are encoded in pieces so that thread lets the event loop take the GIL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Hashable, Sequence
+from functools import partial
+from typing import NamedTuple
 
-from openai_harmony import DeveloperContent, Message, ReasoningEffort, RenderOptions, Role, SystemContent, ToolDescription
+from openai_harmony import (
+    DeveloperContent,
+    Message,
+    ReasoningEffort,
+    RenderOptions,
+    Role,
+    SystemContent,
+    ToolDescription,
+)
 
 from parsers.conversation import (
     AssistantMessage,
@@ -38,54 +56,135 @@ from parsers.conversation import (
     UserMessage,
 )
 from parsers.vocab import Vocab
+from tools.cache import BoundedCache, CacheStats, ToolCatalog
 from tools.definitions import FunctionTool
 
 EFFORTS = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
 KNOWLEDGE_CUTOFF = "2024-06"
 
+# openai-harmony's tokenizer holds the GIL for a whole call (~1 us per token), so a long text is encoded in
+# pieces, each ending where the tokenizer's pre-tokenizer must end a token anyway: at a space between ASCII
+# letters (" word" is one pre-token, the word before it ends there), or after a newline followed by an ASCII
+# letter (no pre-token spans a newline into a letter). The tokens are the same; between pieces another thread
+# (the event loop) can take the GIL.
+_PIECE_CHARS = 8192
+_CUT = re.compile(r"(?<=[A-Za-z])(?= [A-Za-z])|(?<=\n)(?=[A-Za-z])")
+# Uncached work above this many characters of text is rendered in a worker thread (a hop costs ~0.1 ms; this
+# much text takes ~3 ms to encode). Tool JSON counts double: openai-harmony renders it at about half the speed.
+OFF_LOOP_CHARS = 12_000
+# Past these, finding even a cached prompt's pieces and joining them takes over ~1 ms (~2 us an item).
+_MANY_ITEMS = 500
+_MANY_CHARS = 500_000
+
+
+class _Part(NamedTuple):
+    """A piece of the prompt not in the cache yet: `key` names its content, `size` estimates the work."""
+
+    key: Hashable
+    size: int
+    make: Callable[[], list[int]]
+
 
 class Renderer:
-    def __init__(self, vocab: Vocab) -> None:
+    """Renders prompts, reusing the tokens of every piece it rendered before (messages, instructions, tools).
+
+    A piece's tokens depend only on its content (each message is a Harmony message of its own), so the second
+    turn of a conversation encodes only its new messages, and the same tools render once. `cache_tokens` bounds
+    the tokens held (about 45 bytes each); 0 turns the reuse off. `tools` checks and remembers tool declarations
+    for the request parsers; it lives here because the tools' canonical keys are what the tool cache is keyed by.
+    """
+
+    def __init__(self, vocab: Vocab, tools: ToolCatalog | None = None, cache_tokens: int = 1_000_000) -> None:
         self._vocab = vocab
+        self.tools = tools if tools is not None else ToolCatalog()
         special = vocab.special
         self._start, self._end, self._message = special.start, special.end, special.message
         self._channel, self._call = special.channel, special.call
-        self._open_assistant = [special.start, *vocab.encode("assistant")]
+        self._open_assistant = (special.start, *vocab.encode("assistant"))
         self._call_header_end = [special.constrain, *vocab.encode("json"), special.message]
-        self._developer_header = [special.start, *vocab.encode("developer"), special.message]
-        self._systems: dict[tuple[str, bool], list[int]] = {}  # the few system messages there are, rendered once
+        self._developer_header = (special.start, *vocab.encode("developer"), special.message)
+        self._systems: dict[tuple[str, bool], tuple[int, ...]] = {}  # the few system messages there are
+        self._pieces: BoundedCache[Hashable, tuple[int, ...]] = BoundedCache(
+            max_entries=cache_tokens // 32, max_weight=cache_tokens)
 
     def render(self, prompt: Prompt) -> list[int]:
         """Prompt token ids, ending with the `<|start|>assistant` the model continues from."""
+        plan = self._lookup(prompt)
+        return self._join(plan, self._make([part for part in plan if isinstance(part, _Part)]))
+
+    async def render_off_loop(self, prompt: Prompt) -> list[int]:
+        """`render`, with the work in a worker thread when there is much of it: all of it for a very long
+        prompt (even finding its pieces in the cache takes milliseconds), else only the uncached pieces."""
+        if len(prompt.items) > _MANY_ITEMS or sum(map(_size, prompt.items)) > _MANY_CHARS:
+            return await asyncio.to_thread(self.render, prompt)
+        plan = self._lookup(prompt)
+        missing = [part for part in plan if isinstance(part, _Part)]
+        if sum(part.size for part in missing) < OFF_LOOP_CHARS:
+            return self._join(plan, self._make(missing))
+        return self._join(plan, await asyncio.to_thread(self._make, missing))
+
+    def cache_stats(self) -> CacheStats:
+        return self._pieces.stats()
+
+    def _lookup(self, prompt: Prompt) -> list[tuple[int, ...] | _Part]:
+        """The prompt as token pieces: known ones as tokens, the others as parts still to render."""
         leading, rest = _split_leading_instructions(prompt.items)
-        tokens = list(self._system(prompt.reasoning_effort, bool(prompt.tools)))
-        tokens += self._developer(leading, prompt)
-        for item in _visible_history(rest):
-            tokens += self._item(item)
-        tokens += self._open_assistant
+        plan: list[tuple[int, ...] | _Part] = [self._system(prompt.reasoning_effort, bool(prompt.tools))]
+        plan += self._developer(leading, prompt)
+        get = self._pieces.get
+        for item in _visible_history(rest):  # ~2 us an item when cached: a long conversation has many
+            key = _key(item)
+            tokens = get(key)
+            plan.append(tokens if tokens is not None else _Part(key, _size(item), partial(self._item, item)))
+        plan.append(self._open_assistant)
+        return plan
+
+    def _make(self, parts: list[_Part]) -> list[tuple[int, ...]]:
+        made = []
+        for part in parts:
+            tokens = tuple(part.make())
+            self._pieces.put(part.key, tokens, len(tokens))
+            made.append(tokens)
+        return made
+
+    @staticmethod
+    def _join(plan: list[tuple[int, ...] | _Part], made: list[tuple[int, ...]]) -> list[int]:
+        tokens: list[int] = []
+        fresh = iter(made)
+        for piece in plan:
+            tokens += next(fresh) if isinstance(piece, _Part) else piece
         return tokens
 
-    def _system(self, effort: str, with_tools: bool) -> list[int]:
+    def _system(self, effort: str, with_tools: bool) -> tuple[int, ...]:
         key = (effort, with_tools)
         if key not in self._systems:
             content = SystemContent.new().with_reasoning_effort(EFFORTS[effort]).with_knowledge_cutoff(KNOWLEDGE_CUTOFF)
-            self._systems[key] = self._vocab.encoding.render(
+            self._systems[key] = tuple(self._vocab.encoding.render(
                 Message.from_role_and_content(Role.SYSTEM, content), RenderOptions(conversation_has_function_tools=with_tools)
-            )
+            ))
         return self._systems[key]
 
-    def _developer(self, leading: list[Instructions], prompt: Prompt) -> list[int]:
+    def _developer(self, leading: list[Instructions], prompt: Prompt) -> list[tuple[int, ...] | _Part]:
         sections = [item.text for item in leading if item.text]
         if prompt.response_format is not None:
             sections.append(_response_format_section(prompt.response_format))
         if not sections and not prompt.tools:
             return []
-        tokens = list(self._developer_header)
+        pieces: list[tuple[int, ...] | _Part] = [self._developer_header]
         if sections:
-            tokens += self._vocab.encode("# Instructions\n\n" + "\n\n".join(sections) + ("\n\n" if prompt.tools else ""))
+            text = "# Instructions\n\n" + "\n\n".join(sections) + ("\n\n" if prompt.tools else "")
+            pieces.append(self._cached(("developer text", text), len(text), partial(self._encode, text)))
         if prompt.tools:
-            return tokens + self._tools_section(prompt.tools)
-        return tokens + [self._end]
+            keys = tuple(tool.key for tool in prompt.tools)
+            pieces.append(self._cached(("tools", keys), 2 * sum(map(len, keys)),
+                                       partial(self._tools_section, prompt.tools)))
+        else:
+            pieces.append((self._end,))
+        return pieces
+
+    def _cached(self, key: Hashable, size: int, make: Callable[[], list[int]]) -> tuple[int, ...] | _Part:
+        tokens = self._pieces.get(key)
+        return tokens if tokens is not None else _Part(key, size, make)
 
     def _tools_section(self, tools: Sequence[FunctionTool]) -> list[int]:
         """`# Tools ...<|end|>`, by openai-harmony (tool text was checked for runs its tokenizer handles badly)."""
@@ -113,7 +212,7 @@ class Renderer:
         tokens = [self._start, *encode(header)]
         if channel is not None:
             tokens += [self._channel, *encode(channel)]
-        return tokens + [self._message, *encode(text), self._end]
+        return tokens + [self._message, *self._encode(text), self._end]
 
     def _tool_call(self, call: ToolCall) -> list[int]:
         encode = self._vocab.encode
@@ -122,9 +221,50 @@ class Renderer:
             self._channel,
             *encode(f"commentary to=functions.{call.name} "),
             *self._call_header_end,
-            *encode(call.arguments),
+            *self._encode(call.arguments),
             self._call,
         ]
+
+    def _encode(self, text: str) -> list[int]:
+        return encode_in_pieces(self._vocab, text, _PIECE_CHARS)
+
+
+def encode_in_pieces(vocab: Vocab, text: str, piece_chars: int) -> list[int]:
+    """`vocab.encode(text)`, a call per piece of about `piece_chars` cut where tokens must end (see `_CUT`)."""
+    if len(text) <= piece_chars:
+        return vocab.encode(text)
+    tokens: list[int] = []
+    start = 0
+    while start < len(text):
+        cut = _CUT.search(text, start + piece_chars) if len(text) - start > piece_chars else None
+        end = cut.start() if cut is not None else len(text)
+        tokens += vocab.encode(text[start:end])
+        start = end
+    return tokens
+
+
+def _key(item: Item) -> tuple[str | bool, ...]:
+    """What an item's tokens depend on, as a tuple of strings: the garbage collector stops tracking such a
+    tuple, so a full cache adds nothing to its full collections (a call id is not rendered: not in the key)."""
+    if isinstance(item, UserMessage):
+        return "user", item.text
+    if isinstance(item, Reasoning):
+        return "reasoning", item.text
+    if isinstance(item, AssistantMessage):
+        return "assistant", item.text, item.preamble
+    if isinstance(item, ToolCall):
+        return "call", item.name, item.arguments
+    if isinstance(item, ToolResult):
+        return "result", item.name, item.output
+    return "instructions", item.text
+
+
+def _size(item: Item) -> int:
+    if isinstance(item, ToolCall):
+        return len(item.arguments)
+    if isinstance(item, ToolResult):
+        return len(item.output)
+    return len(item.text)
 
 
 def _split_leading_instructions(items: Sequence[Item]) -> tuple[list[Instructions], list[Item]]:

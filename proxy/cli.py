@@ -8,6 +8,7 @@ or dashes.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import logging
 import os
@@ -76,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     capacity.add_argument("--max-concurrent-requests", type=int, metavar="N",
                           help="requests generating at once (default: --max_batch_size, else 2048, for trtllm; "
                                f"{DEFAULT_CONCURRENCY} per worker for the other engines; 0: no limit)")
+    capacity.add_argument("--max-tools", type=int, default=ServerConfig.max_tools,
+                          help="tools one request may declare (default %(default)s, as OpenAI)")
+    capacity.add_argument("--max-tools-schema-bytes", type=int, default=ServerConfig.max_tools_schema_bytes,
+                          help="JSON size of all of a request's tools (default %(default)s)")
     capacity.add_argument("--max-queue", type=int, metavar="M",
                           help="requests waiting for a slot, first come first served, before 429s (default: as "
                                "many as --max-concurrent-requests)")
@@ -155,11 +160,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         server.should_exit = True  # an engine that cannot start must not leave a server that answers 503 forever
 
     app = create_app(state, on_engine_failure=engine_failed)
+    freeze_startup_objects()
     server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(args)))
     server.run()
     if failures:
         print(f"harmony-proxy: error: the {state.engine.name} engine failed to start: {failures[0]}", file=sys.stderr)
         raise SystemExit(1)
+
+
+def freeze_startup_objects() -> None:
+    """Keep the vocabulary tables and other start-up objects out of the collector's way: a full collection over
+    them held the event loop 20-36 ms; after gc.freeze() about 3 ms (benchmarks/request_bench.py)."""
+    gc.collect()
+    gc.freeze()
 
 
 def runtime() -> tuple[str, str]:
@@ -246,6 +259,8 @@ def _config(args: argparse.Namespace, engine_name: str) -> ServerConfig:
         default_reasoning_effort=args.default_reasoning_effort,
         max_model_len=args.max_model_len or args.max_seq_len or DEFAULT_CONTEXT,
         api_key=args.api_key,
+        max_tools=args.max_tools,
+        max_tools_schema_bytes=args.max_tools_schema_bytes,
         reasoning_summary_events=args.reasoning_summary_events,
         open_responses_events=args.open_responses_events,
     )

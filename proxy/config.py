@@ -16,4 +16,6 @@ class ServerConfig:
     max_model_len: int = 131072  # gpt-oss context window: prompt plus output tokens
     reasoning_summary_events: bool = False  # Responses: also stream reasoning as summary events
     open_responses_events: bool = False  # Responses: name raw reasoning events as the Open Responses spec does
+    max_tools: int = 128  # tools one request may declare (OpenAI's limit)
+    max_tools_schema_bytes: int = 1024 * 1024  # JSON of all of a request's tools together
     api_key: str | None = None  # when set, /v1 routes need `Authorization: Bearer <api_key>`

@@ -12,6 +12,7 @@ from proxy.engines.base import Engine
 from proxy.errors import APIError, model_not_found
 from proxy.responses.jobs import BackgroundJobs
 from proxy.responses.store import ResponseStore
+from tools.cache import ToolCatalog
 
 
 @dataclass
@@ -25,7 +26,7 @@ class ServerState:
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        self.renderer = Renderer(self.vocab)
+        self.renderer = Renderer(self.vocab, ToolCatalog(self.config.max_tools, self.config.max_tools_schema_bytes))
         self.jobs = BackgroundJobs(self.responses) if self.responses is not None else None
 
     def check_model(self, model: object) -> None:

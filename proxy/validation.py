@@ -2,24 +2,45 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import jsonschema
 from jsonschema.exceptions import ValidationError, best_match
 from starlette.requests import Request
 
 from proxy.errors import APIError, invalid_request
-from tools.definitions import json_depth
+from tools.cache import ToolCatalog
+from tools.definitions import ToolError, json_depth
+from tools.fast_schema import Predicate, compile_predicate
+
+T = TypeVar("T")
 
 # A gpt-oss context (131,072 tokens) holds well under 8 MiB of text.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_JSON_DEPTH = 64
+# From this size on, decoding and checking a body takes over ~1 ms: it runs in a worker thread, where the GIL
+# passes back to the event loop every few milliseconds (a hop there and back costs ~0.1 ms).
+LARGE_BODY_BYTES = 256 * 1024
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:
     """The body as a JSON object: size checked as it arrives; no NaN, lone surrogates or absurd nesting."""
+    return await read_and_parse(request, _same)
+
+
+async def read_and_parse(request: Request, parse: Callable[[dict[str, Any]], T]) -> T:
+    """`parse` of the body read as a JSON object; both in a worker thread when the body is large."""
+    body = await _read_body(request)
+    if len(body) < LARGE_BODY_BYTES:
+        return parse(decode_json_object(body))
+    return await asyncio.to_thread(lambda: parse(decode_json_object(body, yielding=True)))
+
+
+async def _read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise _too_large()
@@ -29,9 +50,14 @@ async def read_json_object(request: Request) -> dict[str, Any]:
         if size > MAX_BODY_BYTES:
             raise _too_large()
         chunks.append(chunk)
-    body = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def decode_json_object(body: bytes, yielding: bool = False) -> dict[str, Any]:
+    """The JSON object of a body, or a 400. `yielding`: build objects in Python, so that a worker thread decoding
+    a large body lets the event loop take the GIL between objects (the C decoder alone never lets go of it)."""
     try:
-        data = json.loads(body, parse_constant=_no_constants)
+        data = json.loads(body, parse_constant=_no_constants, object_pairs_hook=_object if yielding else None)
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError):
         raise invalid_request(
             "We could not parse the JSON body of your request. Send a JSON object (no NaN or Infinity).",
@@ -46,6 +72,14 @@ async def read_json_object(request: Request) -> dict[str, Any]:
     return data
 
 
+def _same(data: dict[str, Any]) -> dict[str, Any]:
+    return data
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    return dict(pairs)  # a Python frame per object: where the interpreter may hand the GIL over
+
+
 def _too_large() -> APIError:
     return APIError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.", code="request_too_large")
 
@@ -55,11 +89,21 @@ def _no_constants(name: str) -> Any:
 
 
 def _has_lone_surrogate(data: Any) -> bool:
-    # Only \uD800-\uDFFF escapes can produce one; strings holding one cannot be encoded as UTF-8.
-    try:
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
+    # Only \uD800-\uDFFF escapes can produce one; strings holding one cannot be encoded as UTF-8. Walked
+    # string by string rather than one json.dumps of the body, which would hold the GIL throughout.
+    pending = [data]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value)
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
     return False
 
 
@@ -70,8 +114,13 @@ def refuse_unsupported(body: dict[str, Any], unsupported: dict[str, str]) -> Non
             raise invalid_request(f"`{name}` is not supported: {reason}.", param=name, code="unsupported_parameter")
 
 
-def check_tool_types(tools: Any) -> None:
-    """Only function tools: another type is a 400 naming it (before the schema, whose message would be vaguer)."""
+def check_tool_types(tools: Any, catalog: ToolCatalog) -> None:
+    """Not too many tools (first: nothing else should have to look at 5,000 of them), and only function tools:
+    another type is a 400 naming it (before the schema, whose message would be vaguer)."""
+    try:
+        catalog.check_count(tools)
+    except ToolError as exc:
+        raise invalid_request(str(exc), param=exc.param, code=exc.code) from None
     for position, tool in enumerate(tools if isinstance(tools, list) else []):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
@@ -82,14 +131,22 @@ def check_tool_types(tools: Any) -> None:
             )
 
 
-def compile_schema(schema: dict[str, Any]) -> jsonschema.Validator:
+@dataclass(frozen=True)
+class CompiledSchema:
+    validator: jsonschema.Validator  # finds and words errors
+    accepts: Predicate  # a fast "valid" for the common case (tools/fast_schema.py)
+
+
+def compile_schema(schema: dict[str, Any]) -> CompiledSchema:
     jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    return CompiledSchema(jsonschema.Draft202012Validator(schema), compile_predicate(schema))
 
 
-def check(instance: Any, validator: jsonschema.Validator, prefix: str = "") -> None:
+def check(instance: Any, schema: CompiledSchema, prefix: str = "") -> None:
     """Raise a 400 for the most relevant schema violation, with `param` as OpenAI spells paths."""
-    error = best_match(validator.iter_errors(instance))
+    if schema.accepts(instance):
+        return
+    error = best_match(schema.validator.iter_errors(instance))
     if error is None:
         return
     raise _as_api_error(error, prefix)

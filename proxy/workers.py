@@ -56,7 +56,7 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str) -
 def worker_app() -> Starlette:
     """The application of one worker process (uvicorn calls this factory in each worker)."""
     from proxy.app import create_app
-    from proxy.cli import build_parser, build_state, engine_choice
+    from proxy.cli import build_parser, build_state, engine_choice, freeze_startup_objects
 
     args = build_parser().parse_args(json.loads(os.environ[ARGV_ENV]))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -66,7 +66,9 @@ def worker_app() -> Starlette:
         from proxy.engines.remote import RemoteEngine
 
         engine = RemoteEngine(os.environ[ENGINE_SOCKET_ENV], name="trtllm")
-    return create_app(build_state(args, engine_name, engine))
+    app = create_app(build_state(args, engine_name, engine))
+    freeze_startup_objects()
+    return app
 
 
 def _run_trtllm_host(argv: list[str], socket_path: str) -> None:

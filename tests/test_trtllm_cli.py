@@ -70,7 +70,7 @@ def test_seed_commands_pass_flags_and_yaml_to_the_llm(
     arguments = init_args(folder)
     assert {key: arguments[key] for key in expected} == expected
     assert arguments["model"] == str(folder) and arguments["backend"] == "pytorch"
-    assert "serving with the trtllm engine" in output.splitlines()[0]  # chosen without --engine: it is installed
+    assert "serving with the trtllm engine" in output.splitlines()[1]  # chosen without --engine: it is installed
     assert [e["event"] for e in events(folder)][-1] == "shutdown"  # SIGTERM shut the LLM down
 
 

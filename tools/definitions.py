@@ -6,11 +6,11 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-import jsonschema
-
 from parsers.vocab import has_long_run
+from tools.schema_check import schema_error
 
 # OpenAI allows letters, digits, '_' and '-'; gpt-oss tool names with dots round-trip too (vLLM #51977).
 # Whitespace cannot: the name is written into the Harmony recipient `to=functions.NAME`.
@@ -22,9 +22,10 @@ MAX_SCHEMA_DEPTH = 48
 class ToolError(ValueError):
     """A tool declaration or tool_choice the server cannot accept; `param` names the offending field."""
 
-    def __init__(self, message: str, param: str) -> None:
+    def __init__(self, message: str, param: str, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,16 @@ class FunctionTool:
     description: str = ""
     parameters: dict[str, Any] | None = None  # a JSON Schema; None when the function takes no arguments
     strict: bool | None = None
+
+    @cached_property
+    def key(self) -> str:
+        """The declaration as canonical JSON: what caches of per-tool work are keyed by."""
+        return declaration_key(self.name, self.description, self.parameters, self.strict)
+
+
+def declaration_key(name: Any, description: Any, parameters: Any, strict: Any) -> str:
+    """Equal for declarations that make equal tools; key order kept (the rendered declaration follows it)."""
+    return json.dumps([name, description or "", parameters, strict], ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -67,26 +78,27 @@ def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: 
         if has_long_run(json.dumps(parameters, ensure_ascii=False)):
             raise ToolError("The parameters schema has a run of over 1,000 characters without a break.",
                             f"{param}.parameters")
-        try:
-            jsonschema.validators.validator_for(parameters).check_schema(parameters)
-        except jsonschema.SchemaError as exc:
-            raise ToolError(f"Invalid JSON Schema for function {name!r}: {exc.message}", f"{param}.parameters") from exc
+        error = schema_error(parameters)
+        if error is not None:
+            raise ToolError(f"Invalid JSON Schema for function {name!r}: {error}", f"{param}.parameters")
     if strict is not None and not isinstance(strict, bool):
         raise ToolError("`strict` must be a boolean.", f"{param}.strict")
     return FunctionTool(name, description or "", parameters, strict)
 
 
 def json_depth(value: Any) -> int:
-    """How deeply lists and objects nest in a JSON value (iterative: a hostile value must not exhaust the stack)."""
-    deepest, pending = 0, [(value, 1)]
-    while pending:
-        current, depth = pending.pop()
-        if isinstance(current, dict):
-            current = list(current.values())
-        if isinstance(current, list):
-            deepest = max(deepest, depth)
-            pending.extend((child, depth + 1) for child in current if isinstance(child, (dict, list)))
-    return deepest
+    """How deeply lists and objects nest in a JSON value (iterative: a hostile value must not exhaust the stack).
+
+    Level by level, with list comprehensions: this runs on every request body."""
+    depth, level = 0, [value] if isinstance(value, (dict, list)) else []
+    while level:
+        depth += 1
+        children = []
+        for container in level:
+            values = container.values() if isinstance(container, dict) else container
+            children += [child for child in values if isinstance(child, (dict, list))]
+        level = children
+    return depth
 
 
 def check_unique(tools: Sequence[FunctionTool], param: str) -> None:

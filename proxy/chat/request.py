@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
+
 from parsers.conversation import (
     AssistantMessage,
     Instructions,
@@ -30,7 +32,8 @@ from proxy.engines.base import OutputConstraint
 from proxy.errors import invalid_request
 from proxy.options import GenerationOptions, reasoning_effort
 from proxy.options import response_format as _format
-from proxy.validation import check, check_tool_types, compile_schema, refuse_unsupported
+from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
+from tools.cache import ToolCatalog
 from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice, check_unique, make_tool
 
 _REQUEST = compile_schema(CHAT_REQUEST)
@@ -48,9 +51,16 @@ class ChatRequest:
     parallel_tool_calls: bool
 
 
-def parse_chat_request(body: dict[str, Any], default_effort: str) -> ChatRequest:
+async def read_chat_request(request: Request, default_effort: str, tools: ToolCatalog) -> ChatRequest:
+    """The request body, read and parsed (off the event loop when it is large)."""
+    return await read_and_parse(request, lambda body: parse_chat_request(body, default_effort, tools))
+
+
+def parse_chat_request(body: dict[str, Any], default_effort: str, tools: ToolCatalog | None = None) -> ChatRequest:
+    """`tools` checks and remembers tool declarations and bounds their number and size (defaults: a new one)."""
+    catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
-    check_tool_types(body.get("tools"))
+    check_tool_types(body.get("tools"), catalog)
     check(body, _REQUEST)
     for position, message in enumerate(body["messages"]):
         check(message, _MESSAGE[message["role"]], f"messages[{position}]")
@@ -63,22 +73,22 @@ def parse_chat_request(body: dict[str, Any], default_effort: str) -> ChatRequest
         raise invalid_request("Only n=1 is supported.", param="n", code="unsupported_parameter")
 
     try:
-        tools = [
-            make_tool(t["function"]["name"], t["function"].get("description"), t["function"].get("parameters"),
-                      t["function"].get("strict"), f"tools[{i}].function")
-            for i, t in enumerate(body.get("tools") or [])
-        ]
-        check_unique(tools, "tools")
-        choice = _tool_choice(body.get("tool_choice"), tools)
-        check_choice(choice, tools, "tool_choice")
+        functions = [t["function"] for t in body.get("tools") or []]
+        offered_tools = catalog.read(
+            [(f["name"], f.get("description"), f.get("parameters"), f.get("strict")) for f in functions],
+            lambda position: f"tools[{position}].function",
+        )
+        check_unique(offered_tools, "tools")
+        choice = _tool_choice(body.get("tool_choice"), offered_tools)
+        check_choice(choice, offered_tools, "tool_choice")
         items = _items(body["messages"])
     except ToolError as exc:
-        raise invalid_request(str(exc), param=exc.param) from None
+        raise invalid_request(str(exc), param=exc.param, code=exc.code) from None
 
     requested_format = body.get("response_format") or {"type": "text"}
     response_format = _format(requested_format["type"], requested_format.get("json_schema"),
                               "response_format.json_schema")
-    offered = [] if choice.mode == "none" else tools
+    offered = [] if choice.mode == "none" else offered_tools
     effort = reasoning_effort(
         default_effort,
         ("reasoning_effort", body.get("reasoning_effort")),

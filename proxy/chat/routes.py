@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from parsers.events import Event
-from proxy.chat.request import ChatRequest, parse_chat_request
+from proxy.chat.request import ChatRequest, read_chat_request
 from proxy.chat.response import ChatTurn, ChunkWriter, usage_body
 from proxy.disconnect import close_shielded, unless_disconnected
 from proxy.engines.base import EngineError
@@ -20,20 +20,19 @@ from proxy.ids import new_id
 from proxy.options import generation_request
 from proxy.sse import DONE, EventStream, data_frame
 from proxy.state import ServerState
-from proxy.validation import read_json_object
 
 _ROLE = {"role": "assistant", "content": ""}  # the first delta, as OpenAI sends it
 
 
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
-    chat = parse_chat_request(await read_json_object(request), state.config.default_reasoning_effort)
+    chat = await read_chat_request(request, state.config.default_reasoning_effort, state.renderer.tools)
     state.check_model(chat.model)
     state.require_ready()
     completion_id = new_id("chatcmpl-", 29)
     engine_request = generation_request(
         completion_id,
-        state.renderer.render(chat.prompt),
+        await state.renderer.render_off_loop(chat.prompt),
         chat.options,
         chat.constraint,
         state.vocab,
@@ -80,9 +79,9 @@ async def chat_completions(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
-    chat = parse_chat_request(await read_json_object(request), state.config.default_reasoning_effort)
+    chat = await read_chat_request(request, state.config.default_reasoning_effort, state.renderer.tools)
     state.check_model(chat.model)
-    tokens = state.renderer.render(chat.prompt)
+    tokens = await state.renderer.render_off_loop(chat.prompt)
     return JSONResponse({"tokens": tokens, "count": len(tokens), "prompt": state.vocab.decode(tokens)})
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
+
 from parsers.conversation import (
     AssistantMessage,
     Instructions,
@@ -28,7 +30,8 @@ from proxy.options import GenerationOptions, reasoning_effort
 from proxy.options import response_format as _format
 from proxy.responses.schema import ITEMS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.store import ResponseStore
-from proxy.validation import check, check_tool_types, compile_schema, refuse_unsupported
+from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
+from tools.cache import ToolCatalog
 from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice, check_unique, make_tool
 
 _REQUEST = compile_schema(RESPONSES_REQUEST)
@@ -57,9 +60,21 @@ class ResponsesRequest:
         return OutputConstraint(offered, self.tool_choice, self.response_format)
 
 
-def parse_responses_request(body: dict[str, Any], default_effort: str, default_model: str) -> ResponsesRequest:
+async def read_responses_request(
+    request: Request, default_effort: str, default_model: str, tools: ToolCatalog
+) -> ResponsesRequest:
+    """The request body, read and parsed (off the event loop when it is large)."""
+    return await read_and_parse(
+        request, lambda body: parse_responses_request(body, default_effort, default_model, tools))
+
+
+def parse_responses_request(
+    body: dict[str, Any], default_effort: str, default_model: str, tools: ToolCatalog | None = None
+) -> ResponsesRequest:
+    """`tools` checks and remembers tool declarations and bounds their number and size (defaults: a new one)."""
+    catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
-    check_tool_types(body.get("tools"))
+    check_tool_types(body.get("tools"), catalog)
     check(body, _REQUEST)
     store, background = body.get("store") is not False, bool(body.get("background"))
     if background and not store:
@@ -70,13 +85,13 @@ def parse_responses_request(body: dict[str, Any], default_effort: str, default_m
     raw_input = body.get("input")
     items = [_normalize(item, position) for position, item in enumerate(_input_list(raw_input))]
     try:
-        tools = [make_tool(t["name"], t.get("description"), t.get("parameters"), t.get("strict"), f"tools[{i}]")
-                 for i, t in enumerate(body.get("tools") or [])]
-        check_unique(tools, "tools")
+        declared = catalog.read([(t["name"], t.get("description"), t.get("parameters"), t.get("strict"))
+                                 for t in body.get("tools") or []], lambda position: f"tools[{position}]")
+        check_unique(declared, "tools")
         choice = _tool_choice(body.get("tool_choice"))
-        check_choice(choice, tools, "tool_choice")
+        check_choice(choice, declared, "tool_choice")
     except ToolError as exc:
-        raise invalid_request(str(exc), param=exc.param) from None
+        raise invalid_request(str(exc), param=exc.param, code=exc.code) from None
     reasoning = body.get("reasoning") or {}
     text_format = (body.get("text") or {}).get("format") or {"type": "text"}
     max_tool_calls = body.get("max_tool_calls")
@@ -86,7 +101,7 @@ def parse_responses_request(body: dict[str, Any], default_effort: str, default_m
         body=body,
         model=body.get("model") or default_model,
         input_items=items,
-        tools=tools,
+        tools=declared,
         tool_choice=choice,
         effort=reasoning_effort(default_effort, ("reasoning.effort", reasoning.get("effort"))),
         response_format=_format(text_format["type"], text_format, "text.format"),

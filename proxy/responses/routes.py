@@ -15,19 +15,18 @@ from proxy.ids import new_id
 from proxy.options import generation_request
 from proxy.responses.frames import EventWriter
 from proxy.responses.output import ResponseOutput
-from proxy.responses.request import parse_responses_request, prompt_for, resolve
+from proxy.responses.request import prompt_for, read_responses_request, resolve
 from proxy.responses.run import ResponseRun
-from proxy.responses.store import StoredResponse
+from proxy.responses.store import UNFINISHED, StoredResponse
 from proxy.sse import EventStream
 from proxy.state import ServerState
-from proxy.validation import read_json_object
 
 
 async def create_response(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
     config = state.config
-    parsed = parse_responses_request(
-        await read_json_object(request), config.default_reasoning_effort, config.served_model_name
+    parsed = await read_responses_request(
+        request, config.default_reasoning_effort, config.served_model_name, state.renderer.tools
     )
     state.check_model(parsed.model)
     if parsed.background and state.responses is None:
@@ -38,7 +37,7 @@ async def create_response(request: Request) -> Response:
     response_id = new_id("resp_")
     engine_request = generation_request(
         response_id,
-        state.renderer.render(prompt_for(parsed, history, items)),
+        await state.renderer.render_off_loop(prompt_for(parsed, history, items)),
         parsed.options,
         parsed.constraint(),
         state.vocab,
@@ -83,9 +82,9 @@ async def retrieve_response(request: Request) -> Response:
 async def delete_response(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
     response_id = request.path_params["response_id"]
-    await _stored(state, response_id)
-    if state.jobs:
-        await state.jobs.cancel(response_id)
+    record = await _stored(state, response_id)
+    if state.jobs and record.resource["status"] in UNFINISHED:
+        await state.jobs.cancel(response_id)  # in whichever process runs it, so that it stops writing
     await state.responses.delete(response_id)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
@@ -126,15 +125,23 @@ async def cancel_response(request: Request) -> Response:
     record = await _stored(state, response_id)
     if not record.resource.get("background"):
         raise invalid_request("Only background responses can be cancelled.", param="response_id")
-    run = await state.jobs.cancel(response_id)
-    return JSONResponse(run.resource() if run is not None else record.resource)
+    if record.resource["status"] not in UNFINISHED:
+        return JSONResponse(record.resource)
+    resource = await state.jobs.cancel(response_id)  # in whichever process runs it
+    if resource is None:  # deleted meanwhile
+        raise _not_found(response_id)
+    return JSONResponse(resource)
 
 
 async def _stored(state: ServerState, response_id: str) -> StoredResponse:
     record = await state.responses.load(response_id) if state.responses is not None else None
     if record is None:
-        raise APIError(404, f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
+        raise _not_found(response_id)
     return record
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(404, f"Response with id '{response_id}' not found.", param="response_id", code="not_found")
 
 
 async def _complete(run: ResponseRun) -> dict[str, Any]:

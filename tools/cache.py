@@ -1,0 +1,124 @@
+"""Work done once per distinct content: a bounded LRU map, and the catalog of checked function tools.
+
+Agent frameworks resend the same tools every turn. The catalog checks a declaration (its name, and its schema
+against the JSON Schema meta-schema) the first time it sees it and keeps the checked `FunctionTool`, keyed by the
+declaration's canonical JSON; the renderer keys its tool-declaration tokens by the same text. Both maps are
+bounded, so a client sending endless new tools only evicts older entries; the per-request bounds (number of tools,
+total size of their JSON) cap the work one request can ask for.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from tools.definitions import FunctionTool, ToolError, declaration_key, make_tool
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+MAX_TOOLS = 128  # OpenAI refuses more
+MAX_TOOLS_SCHEMA_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    hits: int
+    misses: int
+    entries: int
+    weight: int  # in the cache's unit: bytes of JSON, tokens
+
+
+class BoundedCache(Generic[K, V]):
+    """Least recently used entries go first, past `max_entries` or `max_weight` in all.
+
+    Safe to share between the event loop and worker threads (large requests are handled off the loop).
+    """
+
+    def __init__(self, max_entries: int, max_weight: int) -> None:
+        self.max_entries = max_entries
+        self.max_weight = max_weight
+        self._entries: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._weight = 0
+        self._hits = self._misses = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self._misses += 1
+                return None
+            self._hits += 1
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def put(self, key: K, value: V, weight: int) -> None:
+        if weight > self.max_weight or self.max_entries <= 0:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._weight -= old[1]
+            self._entries[key] = (value, weight)
+            self._weight += weight
+            while self._weight > self.max_weight or len(self._entries) > self.max_entries:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._weight -= dropped
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(self._hits, self._misses, len(self._entries), self._weight)
+
+
+Declaration = tuple[Any, Any, Any, Any]  # name, description, parameters, strict: as the request sent them
+
+
+class ToolCatalog:
+    """Checked function tools by content, and the bounds on the tools of one request.
+
+    The cache is bounded by entries and by bytes of declaration JSON: a cached tool holds its schema as parsed
+    JSON (several times the bytes of its text), and every such object adds to the garbage collector's work.
+    """
+
+    def __init__(
+        self,
+        max_tools: int = MAX_TOOLS,
+        max_schema_bytes: int = MAX_TOOLS_SCHEMA_BYTES,
+        max_entries: int = 1024,
+        max_cached_bytes: int = 4 * 1024 * 1024,
+    ) -> None:
+        self.max_tools = max_tools
+        self.max_schema_bytes = max_schema_bytes
+        self._checked: BoundedCache[str, FunctionTool] = BoundedCache(max_entries, max_cached_bytes)
+
+    def check_count(self, tools: Any) -> None:
+        """Refuse too many tools before any other work on them."""
+        if isinstance(tools, list) and len(tools) > self.max_tools:
+            raise ToolError(
+                f"Invalid 'tools': array too long. Expected an array with maximum length {self.max_tools}, but got "
+                f"an array with length {len(tools)} instead.", "tools", "array_above_max_length")
+
+    def read(self, declarations: Sequence[Declaration], where: Callable[[int], str]) -> list[FunctionTool]:
+        """The checked tools; `where(i)` is the path of declaration i in the request, for error messages."""
+        self.check_count(declarations)
+        keys = [declaration_key(*declaration) for declaration in declarations]
+        size = sum(len(key) if key.isascii() else len(key.encode()) for key in keys)
+        if size > self.max_schema_bytes:
+            raise ToolError(
+                f"Invalid 'tools': the function declarations add up to {size} bytes of JSON; the maximum is "
+                f"{self.max_schema_bytes}.", "tools", "invalid_value")
+        tools = []
+        for position, (declaration, key) in enumerate(zip(declarations, keys)):
+            tool = self._checked.get(key)
+            if tool is None:
+                tool = make_tool(*declaration, where(position))  # only successes are kept: errors name a position
+                self._checked.put(key, tool, len(key))
+            tools.append(tool)
+        return tools
+
+    def stats(self) -> CacheStats:
+        return self._checked.stats()
