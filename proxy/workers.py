@@ -17,6 +17,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str) -
     from proxy.cli import uvicorn_options
 
     os.environ[ARGV_ENV] = json.dumps(argv)
-    host = None
+    host, socket_path = None, Path()
     if engine_name == "trtllm":
         socket_path = Path(tempfile.mkdtemp(prefix="harmony-proxy-")) / "engine.sock"
         os.environ[ENGINE_SOCKET_ENV] = str(socket_path)
@@ -51,6 +52,7 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str) -
             host.join(timeout=args.shutdown_timeout + 30)
             if host.is_alive():
                 host.kill()
+            shutil.rmtree(socket_path.parent, ignore_errors=True)
 
 
 def worker_app() -> Starlette:
@@ -80,4 +82,4 @@ def _run_trtllm_host(argv: list[str], socket_path: str) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     arguments = trtllm_arguments(args)
-    run_engine_host(functools.partial(loaded_trtllm_engine, arguments), socket_path)
+    run_engine_host(functools.partial(loaded_trtllm_engine, arguments), socket_path, args.log_level)
