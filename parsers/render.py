@@ -131,11 +131,8 @@ class Renderer:
         leading, rest = _split_leading_instructions(prompt.items)
         plan: list[tuple[int, ...] | _Part] = [self._system(prompt.reasoning_effort, bool(prompt.tools))]
         plan += self._developer(leading, prompt)
-        get = self._pieces.get
         for item in _visible_history(rest):  # ~2 us an item when cached: a long conversation has many
-            key = _key(item)
-            tokens = get(key)
-            plan.append(tokens if tokens is not None else _Part(key, _size(item), partial(self._item, item)))
+            plan.append(self._cached(_key(item), _size(item), partial(self._item, item)))
         plan.append(self._open_assistant)
         return plan
 

@@ -30,10 +30,6 @@ def data_frame(payload: str) -> bytes:
     return b"data: " + payload.encode() + b"\n\n"
 
 
-def event_frame(event: str, payload: str) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + payload.encode() + b"\n\n"
-
-
 class EventStream:
     """A `text/event-stream` response (an ASGI application, as Starlette responses are)."""
 
