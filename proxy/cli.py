@@ -29,6 +29,7 @@ from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import ScriptError, read_script, scripted_engine
 from proxy.engines.trtllm_args import LlmArgsError, TrtllmFlags, llm_arguments
 from proxy.engines.upstream import FLAVORS
+from proxy.listener import Server
 from proxy.responses.store import SQLiteResponseStore
 from proxy.state import ServerState
 
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     app = create_app(state, on_engine_failure=engine_failed)
     freeze_startup_objects()
-    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(args)))
+    server = Server(uvicorn.Config(app, **uvicorn_options(args)))
     server.run()
     if failures:
         print(f"harmony-proxy: error: the {state.engine.name} engine failed to start: {failures[0]}", file=sys.stderr)
