@@ -58,11 +58,17 @@ Item = Instructions | UserMessage | Reasoning | AssistantMessage | ToolCall | To
 
 @dataclass(frozen=True)
 class ResponseFormat:
-    """A structured-output format the model is told about in the developer message."""
+    """A structured-output format: described to the model in the developer message, enforced by the engine.
+
+    `kind` is "json_schema" or "json_object" (any JSON object; its name and schema are ours, not the client's);
+    `strict` asks that every keyword of the schema be enforced, or the request refused.
+    """
 
     name: str
     schema: dict[str, Any]
     description: str = ""
+    strict: bool = False
+    kind: str = "json_schema"
 
 
 @dataclass

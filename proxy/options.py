@@ -9,6 +9,8 @@ from parsers.conversation import ResponseFormat
 from parsers.vocab import Vocab
 from proxy.engines.base import GenerationRequest, OutputConstraint, SamplingParams
 from proxy.errors import invalid_request
+from tools.definitions import MAX_SCHEMA_DEPTH, enforceability_error, json_depth
+from tools.schema_check import schema_error
 
 
 @dataclass(frozen=True)
@@ -23,14 +25,26 @@ class GenerationOptions:
 
 
 def response_format(kind: str, json_schema: dict[str, Any] | None, param: str) -> ResponseFormat | None:
-    """The structured-output format of `response_format` (chat) or `text.format` (Responses); None for text."""
+    """The structured-output format of `response_format` (chat) or `text.format` (Responses); None for text.
+
+    The schema is checked as tool parameters are: a valid JSON Schema, no `$ref` to nothing, and with `strict`
+    nothing the grammar engine cannot enforce (400s naming `param`.schema)."""
     if kind == "text":
         return None
     if kind == "json_object":
-        return ResponseFormat("json_object", {"type": "object"}, "Respond with a JSON object.")
+        return ResponseFormat("json_object", {"type": "object"}, "Respond with a JSON object.", kind="json_object")
     if not json_schema or "name" not in json_schema or "schema" not in json_schema:
         raise invalid_request("A json_schema format needs a `name` and a `schema`.", param=param)
-    return ResponseFormat(json_schema["name"], json_schema["schema"], json_schema.get("description") or "")
+    schema, strict = json_schema["schema"], json_schema.get("strict") is True
+    if json_depth(schema) > MAX_SCHEMA_DEPTH:
+        raise invalid_request(f"The schema is nested more than {MAX_SCHEMA_DEPTH} levels deep.", param=f"{param}.schema")
+    problem = schema_error(schema)
+    if problem is None:
+        problem = enforceability_error(schema, strict)
+    if problem is not None:
+        raise invalid_request(f"Invalid schema for response format {json_schema['name']!r}: {problem}",
+                              param=f"{param}.schema")
+    return ResponseFormat(json_schema["name"], schema, json_schema.get("description") or "", strict)
 
 
 def reasoning_effort(default: str, *sources: tuple[str, str | None]) -> str:

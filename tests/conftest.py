@@ -21,6 +21,7 @@ from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
 from proxy.responses.store import SQLiteResponseStore
 from proxy.state import ServerState
+from tests.grammars import session_matchers
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "openai/gpt-oss-20b"
@@ -86,7 +87,7 @@ def serve(vocab: Vocab, tmp_path: Path) -> Iterator[Callable[..., LiveServer]]:
             if completions is not None:
                 engine = scripted_engine(vocab, completions, token_delay)
             else:
-                engine = mock_engine(vocab, token_delay)
+                engine = mock_engine(vocab, token_delay, matchers=session_matchers(vocab))
         store = SQLiteResponseStore(store_path) if store_path is not None else None
         app = create_app(ServerState(ServerConfig(**config), vocab, engine, store))
         server = LiveServer(app, engine).start()

@@ -110,7 +110,6 @@ def test_values_of_the_wrong_kind_are_400s_naming_them(server: LiveServer, path:
 def test_hostile_tool_schemas_do_not_stall_the_mock(server: LiveServer) -> None:
     for schema in ({"type": "object", "properties": {"a": {"type": "string", "minLength": 10**9}}, "required": ["a"]},
                    {"type": "object", "properties": {"a": {"type": "array", "minItems": 10**8}}, "required": ["a"]},
-                   {"type": "object", "properties": {"a": {"$ref": "#/nope"}}, "required": ["a"]},
                    {"$ref": "#"}):
         started = time.monotonic()
         body = {"model": MODEL, "messages": [{"role": "user", "content": "call f"}],

@@ -18,6 +18,7 @@ from proxy.engines.scripted import scripted_engine
 from proxy.responses.store import SQLiteResponseStore, StoredResponse
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Failing, Recording
+from tests.grammars import session_matchers
 from tests.open_responses import validate_event, validate_resource
 from tests.test_e2e_chat import ANSWER, CALL, client_for
 
@@ -72,7 +73,7 @@ def test_function_call_response(serve: Callable[..., LiveServer]) -> None:
 def test_previous_response_id_across_a_tool_call_and_its_output(
     serve: Callable[..., LiveServer], vocab: Any
 ) -> None:
-    engine = Recording(mock_engine(vocab))
+    engine = Recording(mock_engine(vocab, matchers=session_matchers(vocab)))
     client = client_for(serve(engine=engine))
     first = client.responses.create(model=MODEL, input="Please use get_weather for Paris.", tools=[WEATHER],
                                     instructions="Old instructions.")

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from parsers.vocab import has_long_run
-from tools.schema_check import schema_error
+from tools.schema_check import enforcement, schema_error, unresolved_ref
 
 # OpenAI allows letters, digits, '_' and '-'; gpt-oss tool names with dots round-trip too (vLLM #51977).
 # Whitespace cannot: the name is written into the Harmony recipient `to=functions.NAME`.
@@ -83,7 +83,24 @@ def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: 
             raise ToolError(f"Invalid JSON Schema for function {name!r}: {error}", f"{param}.parameters")
     if strict is not None and not isinstance(strict, bool):
         raise ToolError("`strict` must be a boolean.", f"{param}.strict")
+    if parameters is not None:
+        problem = enforceability_error(parameters, strict is True)
+        if problem is not None:
+            raise ToolError(f"Invalid schema for function {name!r}: {problem}", f"{param}.parameters")
     return FunctionTool(name, description or "", parameters, strict)
+
+
+def enforceability_error(schema: dict[str, Any], strict: bool) -> str | None:
+    """Why a schema cannot be accepted: a `$ref` to nothing, or, with `strict`, what the grammar engine cannot
+    enforce (named in its words: the keyword, the regex feature, the format)."""
+    ref = unresolved_ref(schema)
+    if ref is not None:
+        return f"the reference {ref!r} resolves to nothing (only references inside the schema, like '#/$defs/x')."
+    if strict:
+        error = enforcement(schema, strict=True).error
+        if error is not None:
+            return f"`strict` is true, but this schema cannot be enforced: {error}. Remove it, or set `strict: false`."
+    return None
 
 
 def json_depth(value: Any) -> int:

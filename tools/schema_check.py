@@ -1,4 +1,5 @@
-"""Is a tool's `parameters` a valid JSON Schema? The 2020-12 meta-schema, checked fast.
+"""Is a tool's `parameters` a valid JSON Schema (the 2020-12 meta-schema, checked fast), and can the grammar
+engine enforce it?
 
 `jsonschema`'s own check of a small tool schema takes ~0.7 ms (2020-12 assembles its meta-schema from seven
 vocabularies with `$dynamicRef`, which its reference resolver walks on every subschema). The same meta-schema with
@@ -9,12 +10,19 @@ it is not sure of goes to `jsonschema`, which has the last word and words the er
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
+import llguidance
 from jsonschema_specifications import REGISTRY
 
 from tools.fast_schema import compile_predicate
+
+logger = logging.getLogger("harmony_proxy.grammar")
 
 _LATEST = jsonschema.Draft202012Validator
 _BASE = "https://json-schema.org/draft/2020-12/"
@@ -80,3 +88,84 @@ def _local(schema: Any) -> Any:
 
 # Built once at import from constants of the jsonschema packages; immutable afterwards.
 _ACCEPTS = compile_predicate(merged_meta_schema(), _LATEST.FORMAT_CHECKER)
+
+
+# JSON whitespace the model may write at one place (pretty-printed JSON); a bound, so a constrained model cannot
+# spin in whitespace until max_tokens, the classic failure of unbounded JSON whitespace.
+JSON_WHITESPACE = "[\\x20\\x0A\\x0D\\x09]{1,32}"
+
+
+def grammar_options(strict: bool) -> dict[str, Any]:
+    """llguidance's `x-guidance` options for a schema: unsupported keywords ignored (lenient) unless strict."""
+    return {"whitespace_pattern": JSON_WHITESPACE, "lenient": not strict}
+
+
+@dataclass(frozen=True)
+class Enforcement:
+    """How far the grammar engine (llguidance) enforces a schema."""
+
+    error: str | None  # why it cannot compile the schema at all (strict: a 400; otherwise: any JSON object)
+    relaxed: tuple[str, ...]  # what it leaves unenforced or approximates (its own words)
+
+
+def enforcement(schema: dict[str, Any], strict: bool) -> Enforcement:
+    """Compiled once per distinct schema (about 0.2 ms); a relaxed schema is logged the first time it is seen."""
+    return _enforcement(json.dumps(schema, ensure_ascii=False, separators=(",", ":")), strict)
+
+
+@functools.lru_cache(maxsize=1024)
+def _enforcement(schema_json: str, strict: bool) -> Enforcement:
+    schema = {**json.loads(schema_json), "x-guidance": grammar_options(strict)}
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    except ValueError as exc:
+        failed, messages = True, [str(exc)]
+    messages = [" ".join(message.split()) for message in messages]  # regex errors span lines
+    result = Enforcement(messages[0] if failed and messages else None, () if failed else tuple(messages))
+    if not strict and (result.error or result.relaxed):
+        logger.warning("a schema is not fully enforced (%s): %s", "held to any JSON object" if result.error else
+                       "relaxed", result.error or "; ".join(result.relaxed))
+    return result
+
+
+def unresolved_ref(schema: dict[str, Any]) -> str | None:
+    """The first `$ref` that points to nothing inside the schema; only local references (`#...`) resolve here."""
+    anchors = set()
+    stack: list[Any] = [schema]
+    refs: list[str] = []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack += node
+        elif isinstance(node, dict):
+            for keyword, value in node.items():
+                if keyword == "$ref" and isinstance(value, str):
+                    refs.append(value)
+                elif keyword == "$anchor" and isinstance(value, str):
+                    anchors.add(value)
+                elif keyword not in ("const", "enum", "default", "examples"):  # values there are data, not schemas
+                    stack.append(value)
+    for ref in refs:
+        if not _resolves(schema, ref, anchors):
+            return ref
+    return None
+
+
+def _resolves(schema: dict[str, Any], ref: str, anchors: set[str]) -> bool:
+    if not ref.startswith("#"):
+        return False
+    if ref == "#":
+        return True
+    if not ref.startswith("#/"):
+        return ref[1:] in anchors
+    node: Any = schema
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return isinstance(node, (dict, bool))

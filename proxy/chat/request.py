@@ -96,6 +96,7 @@ def parse_chat_request(body: dict[str, Any], default_effort: str, tools: ToolCat
         ("chat_template_args.reasoning_effort", (body.get("chat_template_args") or {}).get("reasoning_effort")),
     )
     stop = body.get("stop")
+    parallel = body.get("parallel_tool_calls") is not False
     return ChatRequest(
         model=body["model"],
         prompt=Prompt(items, offered, effort, response_format),
@@ -108,10 +109,10 @@ def parse_chat_request(body: dict[str, Any], default_effort: str, tools: ToolCat
             ignore_eos=bool(body.get("ignore_eos")),
             stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
         ),
-        constraint=OutputConstraint(tuple(offered), choice, response_format),
+        constraint=OutputConstraint(tuple(offered), choice, response_format, parallel),
         stream=bool(body.get("stream")),
         include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
-        parallel_tool_calls=body.get("parallel_tool_calls") is not False,
+        parallel_tool_calls=parallel,
     )
 
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, Protocol
 
 from parsers.conversation import ResponseFormat
 from tools.definitions import FunctionTool, ToolChoice
+from tools.grammar import OutputGrammar, output_grammar
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -51,12 +53,18 @@ class SamplingParams:
 class OutputConstraint:
     """What the output must follow: the tool choice and tools, and a response format.
 
-    Engines with guided decoding enforce it; others may ignore it. The mock engine honours the tool choice.
+    Engines with guided decoding enforce `grammar`; the mock engine generates under it.
     """
 
     tools: tuple[FunctionTool, ...] = ()
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     response_format: ResponseFormat | None = None
+    parallel_tool_calls: bool = True
+
+    @cached_property
+    def grammar(self) -> OutputGrammar | None:
+        """The grammar of the whole completion, or None when nothing is constrained (built once per request)."""
+        return output_grammar(self.tools, self.tool_choice, self.response_format, self.parallel_tool_calls)
 
 
 @dataclass(frozen=True)

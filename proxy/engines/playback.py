@@ -8,14 +8,16 @@ on a stop token finishes with `length`, as a real engine cut off by its token li
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from proxy.engines.base import EngineError, GenerationRequest, Step, Usage
 
 logger = logging.getLogger("harmony_proxy.engine")
 
-Author = Callable[[GenerationRequest], list[int]]  # the completion's token ids
+# The completion's token ids; an author with real work to do (the mock under a grammar) returns an awaitable.
+Author = Callable[[GenerationRequest], list[int] | Awaitable[list[int]]]
 
 
 class PlaybackEngine:
@@ -40,7 +42,8 @@ class PlaybackEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
         try:
-            tokens = self._author(request)
+            written = self._author(request)
+            tokens = await written if inspect.isawaitable(written) else written
         except Exception as exc:  # an author that fails is an engine failure, not a server crash
             raise EngineError(f"the {self.name} engine could not produce a completion: {exc}") from exc
         sampling = request.sampling

@@ -57,7 +57,8 @@ class ResponsesRequest:
 
     def constraint(self) -> OutputConstraint:
         offered = () if self.tool_choice.mode == "none" else tuple(self.tools)
-        return OutputConstraint(offered, self.tool_choice, self.response_format)
+        parallel = self.body.get("parallel_tool_calls") is not False
+        return OutputConstraint(offered, self.tool_choice, self.response_format, parallel)
 
 
 async def read_responses_request(

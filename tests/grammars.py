@@ -1,0 +1,13 @@
+"""One llguidance tokenizer per vocabulary for the whole test session (it takes a second or more to build)."""
+
+from __future__ import annotations
+
+import functools
+
+from parsers.vocab import Vocab
+from tools.matcher import GrammarMatchers
+
+
+@functools.cache
+def session_matchers(vocab: Vocab) -> GrammarMatchers:
+    return GrammarMatchers(vocab)

@@ -1,0 +1,96 @@
+"""llguidance matchers for output grammars: one tokenizer per vocabulary, each distinct grammar compiled once.
+
+llguidance needs a tokenizer of its own (about 1 s to build from the o200k ranks and the Harmony special
+tokens), so it is built once, lazily, by whoever first needs it (off the event loop: see `matcher_off_loop`).
+A grammar compiles in 5 to 50 ms; the compiled matcher is kept by the grammar's key and each request gets a
+copy (`deep_copy`, far cheaper than compiling), so agent loops that resend the same tools compile once.
+
+The tokenizer's EOS is `<|return|>`: llguidance allows EOS exactly where the grammar is complete, which is how
+a final answer ends (see `tools.grammar`). `<|call|>` stays an ordinary token the grammar names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import llguidance
+import llguidance.tiktoken
+import tiktoken
+
+from parsers.vocab import Vocab
+from tools.cache import BoundedCache, CacheStats
+from tools.grammar import OutputGrammar
+
+logger = logging.getLogger("harmony_proxy.grammar")
+
+# The o200k pre-tokenizer split (tiktoken's o200k_base `pat_str`), which the Harmony encoding shares.
+_O200K_PIECES = (
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+)
+O200K_PATTERN = "|".join(_O200K_PIECES)
+
+
+class GrammarError(ValueError):
+    """llguidance refused a grammar; the message is its own."""
+
+
+class GrammarMatchers:
+    """The llguidance tokenizer of one vocabulary, and compiled grammars by key (bounded, least recent first)."""
+
+    def __init__(self, vocab: Vocab, max_grammars: int = 256) -> None:
+        self.vocab = vocab
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._lock = threading.Lock()
+        self._compiled: BoundedCache[str, llguidance.LLMatcher] = BoundedCache(max_grammars, max_grammars)
+
+    def tokenizer(self) -> llguidance.LLTokenizer:
+        """Built on first use (about 1 s); safe to call from several threads."""
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = build_tokenizer(self.vocab)
+            return self._tokenizer
+
+    def matcher(self, grammar: OutputGrammar) -> llguidance.LLMatcher:
+        """A fresh matcher at the start of the completion; raises GrammarError if the grammar does not compile."""
+        compiled = self._compiled.get(grammar.key)
+        return (compiled or self._compile(grammar)).deep_copy()
+
+    async def matcher_off_loop(self, grammar: OutputGrammar) -> llguidance.LLMatcher:
+        """`matcher`, in a worker thread unless it is only a copy of a cached grammar."""
+        compiled = self._compiled.get(grammar.key)
+        if compiled is not None:
+            return compiled.deep_copy()
+        return (await asyncio.to_thread(self._compile, grammar)).deep_copy()
+
+    def _compile(self, grammar: OutputGrammar) -> llguidance.LLMatcher:
+        compiled = llguidance.LLMatcher(self.tokenizer(), llguidance.LLMatcher.grammar_from_lark(grammar.lark),
+                                        log_level=0)
+        if compiled.is_error():
+            raise GrammarError(compiled.get_error())
+        warnings = compiled.get_grammar_warnings()
+        if warnings:
+            logger.debug("grammar %s (%s) relaxed: %s", grammar.key[:12], grammar.summary, "; ".join(warnings))
+        self._compiled.put(grammar.key, compiled, 1)
+        return compiled
+
+    def stats(self) -> CacheStats:
+        return self._compiled.stats()
+
+
+def build_tokenizer(vocab: Vocab) -> llguidance.LLTokenizer:
+    ranks = {piece: rank for rank, piece in enumerate(vocab.token_bytes)}
+    encoding = tiktoken.Encoding(
+        "o200k_harmony", pat_str=O200K_PATTERN, mergeable_ranks=ranks, special_tokens=dict(vocab.special_ids)
+    )
+    return llguidance.tiktoken.lltokenizer_from_encoding(
+        encoding, n_vocab=vocab.vocab_size, eos_token=vocab.special.return_
+    )
+
