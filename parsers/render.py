@@ -4,16 +4,18 @@ Rules (the Harmony format docs, plus what keeps KV-cache prefixes stable):
 - System message: model identity, knowledge cutoff, reasoning effort, required channels; no conversation date
   by default, so the prompt prefix is the same every day.
 - Developer message: the system/developer messages that open the conversation, joined by blank lines in
-  order, then the response-format section, then the function tools. A system or developer message later in
-  the conversation is rendered where it stands, as a developer message.
+  order under `# Instructions`, then the function tools, then the response format (`# Response Formats`, at
+  the end as the Harmony docs place it); a section without content is left out, heading included. A system
+  or developer message later in the conversation is rendered where it stands, as a developer message.
 - Reasoning is kept only in the current turn while its tool loop is still going; a turn that ended in a final
   answer loses its analysis (the model was trained that way).
 - History tool calls are written the way the model writes them,
   `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS<|call|>`.
 
-openai-harmony renders the system message and the tools section (its TypeScript-like declarations). Messages
-that carry client text are written here, in exactly the library's form (tests/test_render.py compares them
-token for token): the library's tokenizer is quadratic on long unbroken runs and costs ~100 us per message,
+openai-harmony renders the system message. The tools section is written by tools/typescript.py: the library's
+TypeScript-like declarations exactly, except where the library loses information (it writes `anyOf` as `any`).
+Messages that carry client text are written here, in exactly the library's form (tests/test_render.py compares
+them token for token): the library's tokenizer is quadratic on long unbroken runs and costs ~100 us per message,
 while `Vocab.encode` stays linear; and the library writes history tool calls as
 `<|start|>assistant to=functions.NAME<|channel|>commentary`, a form linked to the model putting later calls on
 the analysis channel.
@@ -35,13 +37,11 @@ from functools import partial
 from typing import NamedTuple
 
 from openai_harmony import (
-    DeveloperContent,
     Message,
     ReasoningEffort,
     RenderOptions,
     Role,
     SystemContent,
-    ToolDescription,
 )
 
 from parsers.conversation import (
@@ -56,7 +56,7 @@ from parsers.conversation import (
     UserMessage,
 )
 from parsers.vocab import Vocab
-from tools.cache import BoundedCache, CacheStats, ToolCatalog
+from tools.cache import BoundedCache, CacheStats, ToolCatalog, ToolDeclarations
 from tools.definitions import FunctionTool
 
 EFFORTS = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
@@ -97,6 +97,7 @@ class Renderer:
     def __init__(self, vocab: Vocab, tools: ToolCatalog | None = None, cache_tokens: int = 1_000_000) -> None:
         self._vocab = vocab
         self.tools = tools if tools is not None else ToolCatalog()
+        self._declarations = ToolDeclarations()
         special = vocab.special
         self._start, self._end, self._message = special.start, special.end, special.message
         self._channel, self._call = special.channel, special.call
@@ -162,21 +163,26 @@ class Renderer:
         return self._systems[key]
 
     def _developer(self, leading: list[Instructions], prompt: Prompt) -> list[tuple[int, ...] | _Part]:
-        sections = [item.text for item in leading if item.text]
-        if prompt.response_format is not None:
-            sections.append(_response_format_section(prompt.response_format))
-        if not sections and not prompt.tools:
+        """Harmony's developer message: its sections joined by blank lines, each only when it has content (an
+        `# Instructions` heading only above instructions), the response format last (openai/harmony
+        docs/format.md, "Structured output": "at the end of the developer message")."""
+        instructions = "\n\n".join(item.text for item in leading if item.text)
+        response_format = prompt.response_format
+        if not instructions and not prompt.tools and response_format is None:
             return []
         pieces: list[tuple[int, ...] | _Part] = [self._developer_header]
-        if sections:
-            text = "# Instructions\n\n" + "\n\n".join(sections) + ("\n\n" if prompt.tools else "")
+        # Each piece ends in a line break before a '#', or in a letter before one: no token spans such a cut.
+        if instructions:
+            text = "# Instructions\n\n" + instructions + ("\n\n" if prompt.tools or response_format else "")
             pieces.append(self._cached(("developer text", text), len(text), partial(self._encode, text)))
         if prompt.tools:
             keys = tuple(tool.key for tool in prompt.tools)
             pieces.append(self._cached(("tools", keys), 2 * sum(map(len, keys)),
                                        partial(self._tools_section, prompt.tools)))
-        else:
-            pieces.append((self._end,))
+        if response_format is not None:
+            text = ("\n\n" if prompt.tools else "") + _response_format_section(response_format)
+            pieces.append(self._cached(("response format", text), len(text), partial(self._encode, text)))
+        pieces.append((self._end,))
         return pieces
 
     def _cached(self, key: Hashable, size: int, make: Callable[[], list[int]]) -> tuple[int, ...] | _Part:
@@ -184,12 +190,8 @@ class Renderer:
         return tokens if tokens is not None else _Part(key, size, make)
 
     def _tools_section(self, tools: Sequence[FunctionTool]) -> list[int]:
-        """`# Tools ...<|end|>`, by openai-harmony (tool text was checked for runs its tokenizer handles badly)."""
-        content = DeveloperContent.new().with_function_tools(
-            [ToolDescription.new(tool.name, tool.description, tool.parameters) for tool in tools]
-        )
-        rendered = self._vocab.encoding.render(Message.from_role_and_content(Role.DEVELOPER, content))
-        return rendered[len(self._developer_header) :]
+        """`# Tools ... } // namespace functions` (tools/typescript.py; tool text was checked for long runs)."""
+        return self._encode(self._declarations.section(tools))
 
     def _item(self, item: Item) -> list[int]:
         if isinstance(item, UserMessage):

@@ -5,13 +5,23 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai_harmony import Author, DeveloperContent, Message, RenderOptions, Role, SystemContent, ToolDescription
 
-from parsers.conversation import AssistantMessage, Instructions, Prompt, Reasoning, ToolCall, ToolResult, UserMessage
+from parsers.conversation import (
+    AssistantMessage,
+    Instructions,
+    Prompt,
+    Reasoning,
+    ResponseFormat,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
 from parsers.render import EFFORTS, KNOWLEDGE_CUTOFF, Renderer, _split_leading_instructions, _visible_history
 from parsers.vocab import Vocab, load_vocab
 from proxy.chat.request import parse_chat_request
@@ -138,9 +148,18 @@ items = st.lists(st.one_of(
     st.builds(ToolCall, st.just("c1"), names, texts), st.builds(ToolResult, st.just("c1"), names, texts),
     st.builds(Instructions, texts.filter(bool)),
 ), max_size=8)
-tool_lists = st.lists(st.builds(FunctionTool, names, texts, st.sampled_from(
-    [None, {"type": "object", "properties": {"city": {"type": "string", "description": "City"}}}])),
-    max_size=2, unique_by=lambda tool: tool.name)
+# Schemas openai-harmony renders without loss (tests/test_tool_declarations.py covers many more).
+lossless_schemas = [
+    None, {}, {"type": "object"},
+    {"type": "object", "properties": {"city": {"type": "string", "description": "City"}}},
+    {"type": "object", "description": "Where", "required": ["days"], "properties": {
+        "days": {"type": "integer", "default": 3, "title": "Days"},
+        "unit": {"type": "string", "enum": ["c", "f"], "default": "c", "nullable": True},
+        "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": ["string", "null"]}}}},
+        "when": {"oneOf": [{"type": "string", "description": "ISO date"}, {"type": "number"}], "default": "now"}}},
+]
+tool_lists = st.lists(st.builds(FunctionTool, names, texts, st.sampled_from(lossless_schemas)),
+                      max_size=2, unique_by=lambda tool: tool.name)
 
 
 @settings(max_examples=300, deadline=None)
@@ -156,3 +175,53 @@ def test_long_unbroken_runs_render_in_linear_time(vocab: Vocab, renderer: Render
     tokens = renderer.render(Prompt([UserMessage("x" * 1_000_000), ToolResult("c", "f", "A" * 500_000)]))
     assert time.perf_counter() - started < 5  # openai-harmony alone takes minutes (quadratic BPE)
     assert vocab.decode(tokens).count("x") == 1_000_000
+
+
+# -- the developer message: sections in Harmony's order, each only with content -------------------------------
+
+SCHEMA = {"type": "object", "properties": {"value": {"type": "integer"}}}
+
+
+def test_a_response_format_alone_has_no_instructions_heading(vocab: Vocab, renderer: Renderer) -> None:
+    text = vocab.decode(renderer.render(Prompt([UserMessage("q")], response_format=ResponseFormat(
+        "answer", SCHEMA, "The answer."))))
+    assert ('<|start|>developer<|message|># Response Formats\n\n## answer\n\n// The answer.\n'
+            '{"type":"object","properties":{"value":{"type":"integer"}}}<|end|>') in text
+    assert "# Instructions" not in text
+
+
+def test_the_response_format_ends_the_developer_message(vocab: Vocab, renderer: Renderer) -> None:
+    prompt = Prompt([Instructions("Be brief."), UserMessage("q")], [FunctionTool("f", "F.", None)],
+                    response_format=ResponseFormat("answer", SCHEMA))
+    text = vocab.decode(renderer.render(prompt))
+    assert ("<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Tools\n\n## functions\n\n"
+            "namespace functions {\n\n// F.\ntype f = () => any;\n\n} // namespace functions\n\n"
+            "# Response Formats\n\n## answer\n\n" + json.dumps(SCHEMA, separators=(",", ":")) + "<|end|>") in text
+
+
+@settings(max_examples=300, deadline=None)
+@given(leading=st.lists(st.builds(Instructions, texts), max_size=2), tools=tool_lists,
+       response_format=st.none() | st.builds(ResponseFormat, st.sampled_from(["answer", "x"]),
+                                             st.sampled_from([SCHEMA, {}]), texts))
+def test_the_developer_message_is_encoded_as_one_text(leading: list, tools: list, response_format: Any) -> None:
+    """Its pieces are cached apart; together they are the tokens of the whole text, whose tool part is
+    openai-harmony's (these schemas lose nothing there) and whose response format comes last."""
+    prompt = Prompt([*leading, UserMessage("q")], tools, "medium", response_format)
+    instructions = "\n\n".join(item.text for item in leading if item.text)
+    developer = DeveloperContent.new()
+    if instructions:
+        developer = developer.with_instructions(instructions)
+    if tools:
+        developer = developer.with_function_tools(
+            [ToolDescription.new(t.name, t.description, t.parameters) for t in tools])
+    text = VOCAB.decode(VOCAB.encoding.render(Message.from_role_and_content(Role.DEVELOPER, developer)))
+    text = text.removeprefix("<|start|>developer<|message|>").removesuffix("<|end|>")
+    if response_format is not None:
+        description = f"// {response_format.description}\n" if response_format.description else ""
+        text += ("\n\n" if text else "") + (f"# Response Formats\n\n## {response_format.name}\n\n{description}"
+                                           + json.dumps(response_format.schema, separators=(",", ":")))
+    tokens = RENDERER.render(prompt)
+    start = tokens.index(VOCAB.special.end) + 1
+    user = len(tokens) - 1 - tokens[::-1].index(VOCAB.special.start, 2)
+    expected = [*VOCAB.encode_harmony("<|start|>developer<|message|>"), *VOCAB.encode(text), VOCAB.special.end]
+    assert tokens[start:user] == (expected if text else [])

@@ -1,9 +1,10 @@
-"""Work done once per distinct content: a bounded LRU map, and the catalog of checked function tools.
+"""Work done once per distinct content: a bounded LRU map, the catalog of checked function tools, and their
+TypeScript declarations.
 
 Agent frameworks resend the same tools every turn. The catalog checks a declaration (its name, and its schema
 against the JSON Schema meta-schema) the first time it sees it and keeps the checked `FunctionTool`, keyed by the
-declaration's canonical JSON; the renderer keys its tool-declaration tokens by the same text. Both maps are
-bounded, so a client sending endless new tools only evicts older entries; the per-request bounds (number of tools,
+declaration's canonical JSON; `ToolDeclarations` keeps each tool's declaration text by the same key, and the
+renderer keys the tokens of a whole tools section by the tuple of those keys. The maps are bounded, so a client sending endless new tools only evicts older entries; the per-request bounds (number of tools,
 total size of their JSON) cap the work one request can ask for.
 """
 
@@ -15,6 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from tools import typescript
 from tools.definitions import FunctionTool, ToolError, declaration_key, make_tool
 
 K = TypeVar("K", bound=Hashable)
@@ -122,3 +124,25 @@ class ToolCatalog:
 
     def stats(self) -> CacheStats:
         return self._checked.stats()
+
+
+class ToolDeclarations:
+    """Each tool's declaration text (tools/typescript.py), by the tool's key, so that a tools section made of
+    known tools in a new combination only joins texts and encodes them (its tokens cannot be joined per tool:
+    a token can span the end of one declaration and the `//` opening the next)."""
+
+    def __init__(self, max_entries: int = 1024, max_chars: int = 4 * 1024 * 1024) -> None:
+        self._texts: BoundedCache[str, str] = BoundedCache(max_entries, max_chars)
+
+    def section(self, tools: Sequence[FunctionTool]) -> str:
+        return typescript.tools_section([self.declaration(tool) for tool in tools])
+
+    def declaration(self, tool: FunctionTool) -> str:
+        text = self._texts.get(tool.key)
+        if text is None:
+            text = typescript.declaration(tool.name, tool.description, tool.parameters)
+            self._texts.put(tool.key, text, len(text))
+        return text
+
+    def stats(self) -> CacheStats:
+        return self._texts.stats()
