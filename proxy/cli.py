@@ -29,6 +29,7 @@ from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import ScriptError, read_script, scripted_engine
 from proxy.engines.trtllm_args import LlmArgsError, TrtllmFlags, llm_arguments
 from proxy.engines.upstream import FLAVORS
+from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
 from proxy.listener import Server
 from proxy.responses.store import SQLiteResponseStore
 from proxy.state import ServerState
@@ -124,7 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     upstream.add_argument("--upstream-url", action="append", default=[],
                           help="an OpenAI-compatible base URL, e.g. http://host:8000/v1 (repeat for round robin)")
     upstream.add_argument("--upstream-flavor", choices=sorted(FLAVORS), default="vllm",
-                          help="how the upstream returns token ids: vllm (also SGLang, harmony-proxy), trtllm, dynamo")
+                          help="how the upstream returns token ids: vllm (also harmony-proxy), sglang, trtllm, dynamo")
+    upstream.add_argument(
+        "--upstream-guided-decoding", choices=GUIDED_DECODING,
+        help="how the upstream enforces tool_choice and response_format, as it was started: xgrammar or llguidance "
+             "(its grammar backend, applied from the first generated token: the whole completion is sent), "
+             "final-json (only the final answer's JSON Schema: a stock vLLM serving gpt-oss applies the grammar "
+             "after the reasoning), none; default: "
+             + ", ".join(f"{mode} for {flavor}" for flavor, mode in DEFAULT_GUIDED_DECODING.items()))
     upstream.add_argument("--upstream-model", help="the model name the upstream serves (default: --served-model-name)")
     upstream.add_argument("--upstream-api-key", default=os.environ.get("HARMONY_PROXY_UPSTREAM_API_KEY"),
                           help="sent as a bearer token (or set HARMONY_PROXY_UPSTREAM_API_KEY)")
@@ -289,7 +297,7 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab, config: Ser
             raise StartupError("--engine upstream needs --upstream-url http://host:port/v1 (repeatable)")
         return UpstreamEngine(vocab, args.upstream_url, args.upstream_model or config.served_model_name,
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
-                              args.upstream_read_timeout)
+                              args.upstream_read_timeout, args.upstream_guided_decoding)
     return _trtllm_engine(args, vocab)
 
 

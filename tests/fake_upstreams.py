@@ -1,11 +1,25 @@
 """Fakes of other servers' streaming `/v1/completions`, as the upstream engine meets them.
 
+- vLLM (vllm/entrypoints/openai/completion/protocol.py): `return_token_ids` gives ids in `choices[0].token_ids`;
+  `structured_outputs` holds exactly one of json / regex / choice / grammar / json_object / structural_tag, the
+  structural tag as a JSON string.
+- SGLang (python/sglang/srt/entrypoints/openai/protocol.py): the same ids; the stop token id in `matched_stop`,
+  and in the ids only with `no_stop_trim`; one of `json_schema` (a string), `regex`, `ebnf`, or a
+  `response_format` of type `structural_tag`.
 - trtllm-serve (tensorrt_llm/serve/openai_protocol.py): unknown fields are a 400 with a flat error body;
   `detokenize: false` gives ids in `choices[0].token_ids` and empty text; the end token (`<|return|>`) is never in
-  the ids; a stop token id is, with `include_stop_str_in_output`, and `stop_reason` names it.
-- NVIDIA Dynamo (lib/llm/src/protocols/openai/completions.rs): unsupported fields are a 400; ids come in
-  `nvext.completion_token_ids` when asked through `nvext.extra_fields`; errors are an `error` SSE event.
+  the ids; a stop token id is, with `include_stop_str_in_output`, and `stop_reason` names it. `response_format`
+  is a `ResponseFormat` (extra keys forbidden) of type json / json_object / ebnf / structural_tag / ...
+- NVIDIA Dynamo (lib/llm/src/protocols/openai/completions.rs, common_ext.rs): unsupported fields are a 400; ids come
+  in `nvext.completion_token_ids` when asked through `nvext.extra_fields`; `guided_json` / `guided_grammar` at the
+  top level; errors are an `error` SSE event.
 - text: a server that ignores `return_token_ids` (an older SGLang) and sends only text, special tokens spelled.
+
+A fake that receives a constraint checks it as the real server would (the field's shape, a 400 otherwise), then
+checks that the completion it is scripted to stream is one the constraint allows, as a real engine under it
+could only produce such: a Lark grammar is compiled with llguidance and run over the completion's tokens, a
+JSON Schema is checked against the final answer. A structural tag needs xgrammar (and torch), so only its shape
+is checked. A completion the constraint forbids is a 500 saying why.
 """
 
 from __future__ import annotations
@@ -14,19 +28,34 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import jsonschema
+import llguidance
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from parsers.vocab import Vocab
+from tests.grammars import session_matchers
 
 TRTLLM_FIELDS = {"model", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p", "seed",
                  "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
-                 "spaces_between_special_tokens", "detokenize", "stop", "top_k"}
+                 "spaces_between_special_tokens", "detokenize", "stop", "top_k", "response_format"}
 DYNAMO_FIELDS = {"model", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p", "seed",
                  "ignore_eos", "min_tokens", "include_stop_str_in_output", "skip_special_tokens", "stop_token_ids",
-                 "nvext", "stop"}
+                 "nvext", "stop", "guided_json", "guided_regex", "guided_grammar", "guided_choice",
+                 "guided_decoding_backend"}
+TRTLLM_FORMATS = {"text", "json", "json_schema", "json_object", "regex", "ebnf", "structural_tag"}
+VLLM_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+class Refusal(Exception):
+    """What the fake server answers instead of a stream: a status and a message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 def fake_upstream(vocab: Vocab, flavor: str, completion: str, api_key: str | None = None,
@@ -38,13 +67,15 @@ def fake_upstream(vocab: Vocab, flavor: str, completion: str, api_key: str | Non
             return JSONResponse({"error": {"message": "bad key", "type": "auth", "param": None, "code": 401}}, 401)
         body = await request.json()
         seen.append(body)
-        allowed = {"trtllm": TRTLLM_FIELDS, "dynamo": DYNAMO_FIELDS}.get(flavor)
-        if allowed is not None and set(body) - allowed:
-            extra = sorted(set(body) - allowed)
+        try:
+            _check_fields(flavor, body)
+            _check_constraint(vocab, flavor, body, completion)
+        except Refusal as refusal:
             if flavor == "trtllm":
-                return JSONResponse({"object": "error", "message": f"Extra inputs are not permitted: {extra}",
-                                     "type": "BadRequestError", "param": None, "code": 400}, 400)
-            return JSONResponse({"error": {"message": f"Unsupported parameter(s): {extra}"}}, 400)
+                return JSONResponse({"object": "error", "message": refusal.message, "type": "BadRequestError",
+                                     "param": None, "code": refusal.status}, refusal.status)
+            return JSONResponse({"error": {"message": refusal.message, "type": "BadRequestError",
+                                           "param": None, "code": refusal.status}}, refusal.status)
         return StreamingResponse(_chunks(vocab, flavor, completion, body, fail_after), media_type="text/event-stream")
 
     async def models(request: Request) -> Response:
@@ -53,6 +84,149 @@ def fake_upstream(vocab: Vocab, flavor: str, completion: str, api_key: str | Non
     app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models)])
     app.state.seen = seen
     return app
+
+
+def _check_fields(flavor: str, body: dict[str, Any]) -> None:
+    allowed = {"trtllm": TRTLLM_FIELDS, "dynamo": DYNAMO_FIELDS}.get(flavor)
+    if allowed is not None and set(body) - allowed:
+        extra = sorted(set(body) - allowed)
+        if flavor == "trtllm":
+            raise Refusal(400, f"Extra inputs are not permitted: {extra}")
+        raise Refusal(400, f"Unsupported parameter(s): {extra}")
+
+
+def _check_constraint(vocab: Vocab, flavor: str, body: dict[str, Any], completion: str) -> None:
+    """Refuse a malformed constraint field (400), or a scripted completion the constraint forbids (500)."""
+    kind, value = guided_field(flavor, body)
+    if kind == "lark":
+        problem = lark_problem(vocab, value, completion)
+    elif kind == "json_schema":
+        problem = final_answer_problem(value, completion)
+    else:
+        problem = None
+    if problem:
+        raise Refusal(500, f"fake {flavor}: the scripted completion breaks the request's {kind}: {problem}")
+
+
+def guided_field(flavor: str, body: dict[str, Any]) -> tuple[str | None, Any]:
+    """The constraint a request carries, as (kind, value): kind is "lark", "json_schema", "structural_tag" or None.
+
+    Raises Refusal(400) where the real server would refuse the field's shape."""
+    if flavor == "vllm":
+        return _vllm_field(body.get("structured_outputs"))
+    if flavor == "sglang":
+        return _sglang_field(body)
+    if flavor == "trtllm":
+        return _trtllm_field(body.get("response_format"))
+    if flavor == "dynamo":
+        found = [key for key in ("guided_json", "guided_grammar", "guided_regex", "guided_choice") if key in body]
+        if len(found) > 1:
+            raise Refusal(400, f"only one guided decoding option at a time: {found}")
+        if "guided_grammar" in body:
+            return "lark", _string(body["guided_grammar"], "guided_grammar")
+        if "guided_json" in body:
+            return "json_schema", _schema(body["guided_json"], "guided_json")
+    return None, None
+
+
+def _vllm_field(outputs: Any) -> tuple[str | None, Any]:
+    if outputs is None:
+        return None, None
+    if not isinstance(outputs, dict) or set(outputs) - {*VLLM_CONSTRAINTS, "disable_any_whitespace",
+                                                         "disable_additional_properties", "whitespace_pattern"}:
+        raise Refusal(400, f"structured_outputs: not a StructuredOutputsParams: {outputs!r}")
+    found = [key for key in VLLM_CONSTRAINTS if outputs.get(key) is not None]
+    if len(found) != 1:
+        raise Refusal(400, f"structured_outputs: exactly one kind of constraint, not {found}")
+    if found == ["structural_tag"]:
+        return "structural_tag", _structural_tag(json.loads(_string(outputs["structural_tag"], "structural_tag")))
+    if found == ["grammar"]:
+        return "lark", _string(outputs["grammar"], "grammar")
+    if found == ["json"]:
+        return "json_schema", _schema(outputs["json"], "structured_outputs.json")
+    return found[0], outputs[found[0]]
+
+
+def _sglang_field(body: dict[str, Any]) -> tuple[str | None, Any]:
+    response_format = body.get("response_format")
+    tagged = isinstance(response_format, dict) and response_format.get("type") == "structural_tag"
+    found = [key for key in ("json_schema", "regex", "ebnf") if body.get(key) is not None] + (["tag"] if tagged else [])
+    if len(found) > 1:
+        raise Refusal(400, f"only one of regex, json_schema, ebnf or a structural tag: {found}")
+    if tagged:
+        return "structural_tag", _structural_tag(response_format)
+    if body.get("ebnf") is not None:
+        return "lark", _string(body["ebnf"], "ebnf")
+    if body.get("json_schema") is not None:
+        return "json_schema", _schema(json.loads(_string(body["json_schema"], "json_schema")), "json_schema")
+    return None, None
+
+
+def _trtllm_field(response_format: Any) -> tuple[str | None, Any]:
+    if response_format is None:
+        return None, None
+    if not isinstance(response_format, dict) or response_format.get("type") not in TRTLLM_FORMATS:
+        raise Refusal(400, f"response_format: not a ResponseFormat: {response_format!r}")
+    extra = set(response_format) - {"type", "schema", "json_schema", "regex", "ebnf", "format"}
+    if extra:
+        raise Refusal(400, f"response_format: Extra inputs are not permitted: {sorted(extra)}")
+    kind = response_format["type"]
+    if kind == "structural_tag":
+        return "structural_tag", _structural_tag(response_format)
+    if kind == "ebnf":
+        return "lark", _string(response_format.get("ebnf"), "response_format.ebnf")
+    if kind == "json":
+        return "json_schema", _schema(response_format.get("schema"), "response_format.schema")
+    return kind, response_format
+
+
+def _string(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise Refusal(400, f"{name}: a non-empty string is required")
+    return value
+
+
+def _schema(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Refusal(400, f"{name}: a JSON Schema object is required")
+    try:
+        jsonschema.Draft202012Validator.check_schema(value)
+    except jsonschema.SchemaError as exc:
+        raise Refusal(400, f"{name}: not a valid JSON Schema: {exc.message}") from None
+    return value
+
+
+def _structural_tag(tag: Any) -> dict[str, Any]:
+    """xgrammar's structural tag in its `format` form; the shape is all a fake without xgrammar can check."""
+    if not isinstance(tag, dict) or tag.get("type") != "structural_tag" or not isinstance(tag.get("format"), dict):
+        raise Refusal(400, f"structural_tag: not a {{'type': 'structural_tag', 'format': ...}}: {tag!r}")
+    if "type" not in tag["format"]:
+        raise Refusal(400, "structural_tag: the format has no type")
+    return tag
+
+
+def lark_problem(vocab: Vocab, lark: str, completion: str) -> str | None:
+    """Why llguidance, under this grammar, could not have generated `completion` (None when it could)."""
+    matcher = llguidance.LLMatcher(session_matchers(vocab).tokenizer(), llguidance.LLMatcher.grammar_from_lark(lark),
+                                   log_level=0)
+    if matcher.is_error():
+        return "the grammar does not compile: " + matcher.get_error()
+    for token in vocab.encode_harmony(completion):
+        if not matcher.consume_token(token):
+            return f"{vocab.decode([token])!r} is not allowed there"
+    return None if matcher.is_accepting() else "the completion stops before the grammar allows"
+
+
+def final_answer_problem(schema: dict[str, Any], completion: str) -> str | None:
+    """Why the final answer of `completion` does not satisfy `schema` (None when it does or there is none)."""
+    _, found, body = completion.rpartition("<|channel|>final<|message|>")
+    if not found:
+        return None
+    try:
+        jsonschema.validate(json.loads(body.removesuffix("<|return|>")), schema)
+    except (json.JSONDecodeError, jsonschema.ValidationError) as exc:
+        return str(exc).splitlines()[0]
+    return None
 
 
 async def _chunks(vocab: Vocab, flavor: str, completion: str, body: dict[str, Any],
@@ -75,11 +249,16 @@ async def _chunks(vocab: Vocab, flavor: str, completion: str, body: dict[str, An
             finish, stop_reason = "stop", (None if token == vocab.special.return_ else token)
             if flavor == "trtllm" and token == vocab.special.return_:
                 break  # trtllm-serve leaves the end token out
+            if flavor == "sglang":
+                stop_reason = token  # SGLang names every stop token in `matched_stop`
+                if not body.get("no_stop_trim"):
+                    break  # and trims it from the output unless asked not to
         yield _data({**head, "choices": [_choice(vocab, flavor, [token])],
                      **({"nvext": {"completion_token_ids": [token]}} if flavor == "dynamo" else {})})
         if finish == "stop":
             break
-    yield _data({**head, "choices": [{**_choice(vocab, flavor, []), "finish_reason": finish, "stop_reason": stop_reason}]})
+    stop_field = "matched_stop" if flavor == "sglang" else "stop_reason"
+    yield _data({**head, "choices": [{**_choice(vocab, flavor, []), "finish_reason": finish, stop_field: stop_reason}]})
     usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": emitted,
              "total_tokens": len(body["prompt"]) + emitted, "prompt_tokens_details": {"cached_tokens": 64}}
     yield _data({**head, "choices": [], "usage": usage})
@@ -89,7 +268,7 @@ async def _chunks(vocab: Vocab, flavor: str, completion: str, body: dict[str, An
 def _choice(vocab: Vocab, flavor: str, tokens: list[int]) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "text": "" if flavor == "trtllm" else vocab.decode(tokens),
                               "logprobs": None, "finish_reason": None}
-    if flavor == "trtllm":
+    if flavor in ("trtllm", "vllm", "sglang"):
         choice["token_ids"] = tokens
     return choice
 

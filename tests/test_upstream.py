@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 from collections.abc import Callable
@@ -115,7 +116,7 @@ def test_a_request_the_upstream_refuses_is_passed_back(serve: Callable[..., Live
     assert "maximum context length is 300" in response.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("flavor", ["trtllm", "dynamo", "text"])
+@pytest.mark.parametrize("flavor", ["vllm", "sglang", "trtllm", "dynamo", "text"])
 def test_upstream_flavors(serve: Callable[..., LiveServer], serve_app: Callable[[Any], LiveServer], vocab: Any,
                           flavor: str) -> None:
     for completion, expected in ((ANSWER, ANSWERED), (CALL, CALLED)):
@@ -131,6 +132,7 @@ def test_upstream_flavors(serve: Callable[..., LiveServer], serve_app: Callable[
         body = app.state.seen[-1]
         assert body["prompt"] and all(isinstance(t, int) for t in body["prompt"])
         assert body["stop_token_ids"] == [200002, 200012] and body["stream"] is True
+        assert not GUIDED_KEYS & set(body)  # tools with tool_choice auto, none strict: nothing to enforce
         usage = client.chat.completions.create(model=MODEL, messages=ASK).usage
         assert usage.prompt_tokens_details.cached_tokens == 64
         # Token ids pass through whole, the final stop token included even where the upstream left it out.
@@ -203,3 +205,143 @@ def test_steps_that_arrive_together_become_one_chunk(
     assert len(chunks) < 5  # 41 tokens of text, far fewer chunks
     assert "".join(c.choices[0].delta.content for c in chunks) == client.chat.completions.create(
         model=MODEL, messages=ASK).choices[0].message.content
+
+
+# Output constraints: each flavor's own field, in the dialect of the upstream's grammar backend.
+
+REPORT = {"type": "object", "properties": {"city": {"type": "string"}, "celsius": {"type": "integer"}},
+          "required": ["city", "celsius"], "additionalProperties": False}
+JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "report", "schema": REPORT, "strict": True}}
+JSON_ANSWER = ('<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>'
+               '{"city":"Paris","celsius":18}<|return|>')
+REQUIRED = {"tools": [WEATHER], "tool_choice": "required"}
+STRICT_WEATHER = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+ENFORCED_CALLS = [  # (flavor, --upstream-guided-decoding, the grammar where the real server reads it)
+    ("vllm", "xgrammar", lambda body, g: json.loads(body["structured_outputs"]["structural_tag"]) == g.structural_tag),
+    ("vllm", "llguidance", lambda body, g: body["structured_outputs"] == {"grammar": g.lark}),
+    ("sglang", None, lambda body, g: body["response_format"] == g.structural_tag),
+    ("sglang", "llguidance", lambda body, g: body["ebnf"] == g.lark),
+    ("trtllm", None, lambda body, g: body["response_format"] == g.structural_tag),
+    ("trtllm", "llguidance", lambda body, g: body["response_format"] == {"type": "ebnf", "ebnf": g.lark}),
+    ("dynamo", "llguidance", lambda body, g: body["guided_grammar"] == g.lark),
+]
+ENFORCED_JSON = [  # the final answer's schema alone, for upstreams that apply it after the reasoning
+    ("vllm", None, lambda body: body["structured_outputs"] == {"json": REPORT}),
+    ("sglang", "final-json", lambda body: json.loads(body["json_schema"]) == REPORT),
+    ("trtllm", "final-json", lambda body: body["response_format"] == {"type": "json", "schema": REPORT}),
+    ("dynamo", None, lambda body: body["guided_json"] == REPORT),
+]
+GUIDED_KEYS = {"structured_outputs", "response_format", "ebnf", "json_schema", "regex", "guided_json",
+               "guided_grammar"}
+
+
+def constrained_front(serve: Callable[..., LiveServer], serve_app: Callable[[Any], LiveServer], vocab: Any,
+                      flavor: str, completion: str, mode: str | None) -> tuple[Any, Recording, LiveServer]:
+    """A fake upstream of `flavor` scripted with `completion`, and a front server on it (its engine recorded)."""
+    app = fake_upstream(vocab, flavor, completion)
+    upstream = serve_app(app)
+    engine = Recording(UpstreamEngine(vocab, [upstream.base_url + "/v1"], MODEL, flavor, guided_decoding=mode))
+    return app, engine, serve(engine=engine)
+
+
+@pytest.mark.parametrize(("flavor", "mode", "carries"), ENFORCED_CALLS)
+def test_a_required_call_travels_as_the_whole_completions_grammar(
+    serve: Callable[..., LiveServer], serve_app: Callable[[Any], LiveServer], vocab: Any,
+    flavor: str, mode: str | None, carries: Callable[[dict[str, Any], Any], bool],
+) -> None:
+    app, engine, proxy = constrained_front(serve, serve_app, vocab, flavor, CALL, mode)
+    client = client_for(proxy)
+    assert message_answer(client.chat.completions.create(model=MODEL, messages=ASK, **REQUIRED)) == CALLED
+    streamed, _ = streamed_answer(client.chat.completions.create(model=MODEL, messages=ASK, stream=True, **REQUIRED))
+    assert streamed == CALLED
+    for body, request in zip(app.state.seen, engine.requests, strict=True):
+        grammar = request.constraint.grammar
+        assert grammar is not None and "get_weather required" in grammar.summary
+        assert carries(body, grammar)  # the request's own grammar, where this server reads it (the fake ran it)
+    # Without a constraint nothing is sent, so unconstrained requests cost nothing and reach any server.
+    assert message_answer(client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER])) == CALLED
+    assert not GUIDED_KEYS & set(app.state.seen[-1])
+
+
+@pytest.mark.parametrize(("flavor", "mode", "carries"), ENFORCED_JSON)
+def test_a_json_final_answer_travels_as_its_schema(
+    serve: Callable[..., LiveServer], serve_app: Callable[[Any], LiveServer], vocab: Any,
+    flavor: str, mode: str | None, carries: Callable[[dict[str, Any]], bool], caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="harmony_proxy.engine")
+    app, _, proxy = constrained_front(serve, serve_app, vocab, flavor, JSON_ANSWER, mode)
+    reply = client_for(proxy).chat.completions.create(model=MODEL, messages=ASK, response_format=JSON_FORMAT)
+    assert json.loads(reply.choices[0].message.content) == {"city": "Paris", "celsius": 18}
+    assert carries(app.state.seen[-1])
+    # All of this constraint was carried: nothing is logged as unenforced for the request.
+    assert not [r for r in caplog.records if reply.id in r.getMessage()]
+
+
+def test_the_fake_refuses_completions_the_grammar_forbids(
+    serve: Callable[..., LiveServer], serve_app: Callable[[Any], LiveServer], vocab: Any
+) -> None:
+    """The fakes really check the constraint: prose where a call is required, a final answer off its schema."""
+    _, _, proxy = constrained_front(serve, serve_app, vocab, "vllm", ANSWER, "llguidance")
+    with pytest.raises(openai.APIStatusError) as refused:
+        client_for(proxy).chat.completions.create(model=MODEL, messages=ASK, **REQUIRED)
+    assert refused.value.status_code == 502 and "'final' is not allowed there" in refused.value.message
+    _, _, proxy = constrained_front(serve, serve_app, vocab, "dynamo", ANSWER, None)
+    with pytest.raises(openai.APIStatusError) as refused:
+        client_for(proxy).chat.completions.create(model=MODEL, messages=ASK, response_format=JSON_FORMAT)
+    assert refused.value.status_code == 502 and "breaks the request's json_schema" in refused.value.message
+
+
+@pytest.mark.parametrize(("flavor", "mode", "request_kwargs", "startup", "unenforced"), [
+    ("dynamo", "xgrammar", REQUIRED, "no field for a xgrammar grammar", "a call to get_weather required"),
+    ("trtllm", "none", {"response_format": JSON_FORMAT}, "are NOT sent", "final answer JSON (report)"),
+    ("vllm", None, REQUIRED, "only the final answer's JSON Schema", "a call to get_weather required"),
+    ("vllm", None, {**REQUIRED, "response_format": JSON_FORMAT}, "only the final answer's", "a required tool call"),
+    ("sglang", "final-json", {"tools": [STRICT_WEATHER], "response_format": JSON_FORMAT}, "only the final answer's",
+     "strict arguments for get_weather"),
+])
+def test_what_an_upstream_cannot_enforce_is_said_at_start_up_and_for_each_request(
+    serve: Callable[..., LiveServer], serve_app: Callable[[Any], LiveServer], vocab: Any,
+    caplog: pytest.LogCaptureFixture, flavor: str, mode: str | None, request_kwargs: dict[str, Any], startup: str,
+    unenforced: str,
+) -> None:
+    caplog.set_level(logging.INFO, logger="harmony_proxy.engine")
+    completion = JSON_ANSWER if "response_format" in request_kwargs else CALL
+    app, _, proxy = constrained_front(serve, serve_app, vocab, flavor, completion, mode)
+    client = client_for(proxy)
+    ids = [client.chat.completions.create(model=MODEL, messages=ASK, **request_kwargs).id for _ in range(2)]
+    client.chat.completions.create(model=MODEL, messages=ASK)  # unconstrained: nothing to say
+    engine_log = [r for r in caplog.records if r.name == "harmony_proxy.engine"]
+    notices = [r for r in engine_log if r.levelno == logging.WARNING and startup in r.getMessage()]
+    assert len(notices) == 1  # once, at start-up
+    per_request = [r.getMessage() for r in engine_log if r.getMessage().startswith("request ")]
+    assert len(per_request) == 2
+    for request_id, message in zip(ids, per_request, strict=True):
+        assert message.startswith(f"request {request_id}: the upstream ({flavor}, --upstream-guided-decoding")
+        assert unenforced in message
+    if flavor in ("dynamo", "trtllm"):
+        assert not GUIDED_KEYS & set(app.state.seen[0])  # nothing half-sent that the server would refuse
+
+
+def test_the_guided_decoding_option_reaches_the_engine(tmp_path: Any) -> None:
+    from proxy.cli import build_parser, build_state
+
+    def engine(*options: str) -> Any:
+        args = build_parser().parse_args(["serve", "--upstream-url", "http://127.0.0.1:9/v1", "--no-store", *options])
+        return build_state(args, "upstream").engine.inner
+
+    assert engine().guided.mode == "final-json"
+    assert engine("--upstream-flavor", "trtllm").guided.mode == "xgrammar"
+    assert engine("--upstream-flavor", "sglang", "--upstream-guided-decoding", "llguidance").guided.mode == "llguidance"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--upstream-guided-decoding", "outlines"])
+
+
+def test_a_responses_text_format_travels_like_a_response_format(
+    serve: Callable[..., LiveServer], serve_app: Callable[[Any], LiveServer], vocab: Any
+) -> None:
+    app, engine, proxy = constrained_front(serve, serve_app, vocab, "trtllm", JSON_ANSWER, None)
+    text = {"format": {"type": "json_schema", "name": "report", "schema": REPORT, "strict": True}}
+    response = client_for(proxy).responses.create(model=MODEL, input="Weather in Paris?", text=text, store=False)
+    assert json.loads(response.output_text) == {"city": "Paris", "celsius": 18}
+    grammar = engine.requests[-1].constraint.grammar
+    assert grammar is not None and app.state.seen[-1]["response_format"] == grammar.structural_tag

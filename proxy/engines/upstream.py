@@ -6,13 +6,17 @@ streaming, with special tokens kept and the Harmony stop tokens included in the 
 generated token ids back. Servers ask for token ids differently, and trtllm-serve and Dynamo reject fields
 they do not know, so the request follows the upstream's flavor:
 
-- `vllm` (vLLM, SGLang, harmony-proxy): `return_token_ids`, ids in `choices[0].token_ids`;
+- `vllm` (vLLM, harmony-proxy): `return_token_ids`, ids in `choices[0].token_ids`;
+- `sglang` (SGLang): the same, with `no_stop_trim` (SGLang's name for keeping the stop token);
 - `trtllm` (trtllm-serve): `detokenize: false`, ids in `choices[0].token_ids`;
 - `dynamo` (NVIDIA Dynamo): `nvext.extra_fields: ["completion_token_ids"]`, ids in `nvext.completion_token_ids`.
 
 When a chunk carries no ids, its text is encoded with every special token allowed: the text is the same, but
 token boundaries (and so per-token timing) can differ from what the model generated. Servers leave the final
 `<|return|>` out of the ids at times; it is put back from `finish_reason` and `stop_reason`.
+
+Output constraints (a required call, strict arguments, a JSON final answer) travel in the flavor's own guided
+decoding field, in the dialect of the upstream's grammar backend: see `GuidedDecoding`.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ import httpx
 
 from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
+from proxy.engines.upstream_constraints import GuidedDecoding
 
 logger = logging.getLogger("harmony_proxy.engine")
 
 FLAVORS: dict[str, dict[str, Any]] = {
     "vllm": {"return_token_ids": True, "skip_special_tokens": False, "include_stop_str_in_output": True},
+    "sglang": {"return_token_ids": True, "skip_special_tokens": False, "no_stop_trim": True},
     "trtllm": {"detokenize": False, "skip_special_tokens": False, "include_stop_str_in_output": True},
     "dynamo": {
         "skip_special_tokens": False,
@@ -51,7 +57,6 @@ _FINISH: dict[str, FinishReason] = {
 _RETRY_STATUSES = (408, 429, 502, 503, 504)  # an upstream that is down, overloaded or slow: try the next one
 _CLIENT_STATUSES = (400, 413, 422)  # the request itself is wrong (too long, say): the client should know
 
-
 class UpstreamEngine:
     name = "upstream"
 
@@ -64,6 +69,7 @@ class UpstreamEngine:
         api_key: str | None = None,
         connect_timeout: float = 5.0,
         read_timeout: float = 600.0,
+        guided_decoding: str | None = None,
     ) -> None:
         if not urls:
             raise ValueError("the upstream engine needs at least one --upstream-url")
@@ -71,6 +77,7 @@ class UpstreamEngine:
         self._urls = [url.rstrip("/") for url in urls]
         self._model = model
         self._fields = FLAVORS[flavor]
+        self.guided = GuidedDecoding(flavor, guided_decoding)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=read_timeout)
         self._turns = itertools.cycle(range(len(self._urls)))
@@ -81,6 +88,7 @@ class UpstreamEngine:
         return self._client is not None
 
     async def start(self) -> None:
+        logger.log(*self.guided.notice())
         # One pooled client for every request: connections to the upstreams are reused.
         self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
 
@@ -111,6 +119,10 @@ class UpstreamEngine:
             await response.aclose()  # closing the stream is how the upstream learns to abort the request
 
     def _body(self, request: GenerationRequest) -> dict[str, Any]:
+        guided, unenforced = self.guided.fields(request.constraint)
+        if unenforced:
+            logger.warning("request %s: the upstream (%s) does not enforce: %s", request.request_id,
+                           self.guided.label, unenforced)
         return {
             "model": self._model,
             "prompt": request.prompt_token_ids,
@@ -118,6 +130,7 @@ class UpstreamEngine:
             "stream_options": {"include_usage": True},
             **request.sampling.request_fields(),
             **self._fields,
+            **guided,
         }
 
     async def _open(self, body: dict[str, Any]) -> tuple[httpx.Response, str]:
