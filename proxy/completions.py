@@ -2,7 +2,9 @@
 
 For benchmark clients (benchmark_serving, aiperf's completions endpoint), and so one harmony-proxy can be the
 upstream of another. vLLM's extensions are accepted: `prompt` as token ids, `return_token_ids`,
-`stop_token_ids`, `skip_special_tokens`, `include_stop_str_in_output`, `ignore_eos`, `min_tokens`.
+`stop_token_ids`, `skip_special_tokens`, `include_stop_str_in_output`, `ignore_eos`, `min_tokens`, and
+`structured_outputs.json`: a JSON Schema for the final answer, enforced as a `response_format` is (reasoning stays
+free), which is what a front harmony-proxy sends its upstream by default (`--upstream-guided-decoding final-json`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint,
 from proxy.errors import from_engine, invalid_request
 from proxy.generation import Outcome, tracked_steps
 from proxy.ids import new_id
+from proxy.options import response_format
 from proxy.sse import DONE, EventStream, data_frame
 from proxy.state import ServerState
 from proxy.stop_strings import StopMatcher
@@ -69,6 +72,11 @@ _REQUEST = compile_schema(
             "skip_special_tokens": _NULLABLE_BOOL,
             "spaces_between_special_tokens": _NULLABLE_BOOL,  # no effect: tokens decode without added spaces
             "include_stop_str_in_output": _NULLABLE_BOOL,
+            "structured_outputs": {
+                "type": ["object", "null"],
+                "properties": {"json": {"type": "object"}},
+                "additionalProperties": False,  # grammar, regex, choice, structural_tag: not enforced here
+            },
         },
         "additionalProperties": False,
     }
@@ -136,7 +144,7 @@ class _Completion:
             min_tokens=body.get("min_tokens") or 0,
             ignore_eos=bool(body.get("ignore_eos")),
         )
-        self.engine_request = GenerationRequest(new_id("cmpl-", 29), prompt_ids, sampling, OutputConstraint())
+        self.engine_request = GenerationRequest(new_id("cmpl-", 29), prompt_ids, sampling, _constraint(body))
         self.head = {"id": self.engine_request.request_id, "object": "text_completion", "created": int(time.time()),
                      "model": body["model"]}
         self.return_token_ids = bool(body.get("return_token_ids"))
@@ -257,3 +265,13 @@ def _usage(outcome: Outcome) -> dict[str, Any]:
     if outcome.cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": outcome.cached_tokens}
     return usage
+
+
+def _constraint(body: dict[str, Any]) -> OutputConstraint:
+    """vLLM's `structured_outputs.json`, as a response format: the final answer follows the schema."""
+    schema = (body.get("structured_outputs") or {}).get("json")
+    if schema is None:
+        return OutputConstraint()
+    format_ = response_format("json_schema", {"name": "structured_outputs", "schema": schema},
+                              "structured_outputs.json")
+    return OutputConstraint(response_format=format_)

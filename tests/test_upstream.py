@@ -10,15 +10,18 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
 from proxy.engines.base import EngineError
+from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
 from proxy.engines.upstream import UpstreamEngine
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Failing, Recording
 from tests.fake_upstreams import fake_upstream
+from tests.grammars import session_matchers
 from tests.test_e2e_chat import ANSWER, CALL, WEATHER, client_for, message_answer, streamed_answer
 
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
@@ -54,6 +57,25 @@ def test_chat_through_a_front_server_matches_the_back_server(serve: Callable[...
     usage = client.chat.completions.create(model=MODEL, messages=ASK).usage
     assert usage.prompt_tokens == len(httpx.post(proxy.base_url + "/tokenize",
                                                  json={"model": MODEL, "messages": ASK}).json()["tokens"])
+
+
+def test_a_json_format_through_a_front_server_is_enforced_by_the_back_server(
+    serve: Callable[..., LiveServer], vocab: Any
+) -> None:
+    """harmony-proxy behind harmony-proxy: the front sends the final answer's schema in `structured_outputs.json`
+    (its default for this flavor) and the back server's engine generates under it."""
+    back_engine = Recording(mock_engine(vocab, matchers=session_matchers(vocab)))
+    back = serve(engine=back_engine)
+    proxy = front(serve, vocab, [back.base_url + "/v1"])
+    reply = client_for(proxy).chat.completions.create(model=MODEL, messages=ASK, response_format=JSON_FORMAT)
+    schema = JSON_FORMAT["json_schema"]["schema"]
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    constraint = back_engine.requests[-1].constraint
+    assert constraint.response_format is not None and constraint.response_format.schema == schema
+    # What the back server cannot enforce is refused, not dropped.
+    refused = httpx.post(back.base_url + "/v1/completions", json={
+        "model": MODEL, "prompt": [1, 2], "structured_outputs": {"grammar": "start: /x/"}})
+    assert refused.status_code == 400 and "structured_outputs" in refused.json()["error"]["message"]
 
 
 def test_cancel_propagates_to_the_back_server(serve: Callable[..., LiveServer], vocab: Any) -> None:
