@@ -27,7 +27,7 @@ from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import ScriptError, read_script, scripted_engine
-from proxy.engines.trtllm_args import LlmArgsError, TrtllmFlags, llm_arguments
+from proxy.engines.trtllm_args import GUIDED_DECODING_BACKENDS, LlmArgsError, TrtllmFlags, llm_arguments
 from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
 from proxy.listener import Server
@@ -41,7 +41,8 @@ DEFAULT_CONTEXT = 131072
 DEFAULT_CONCURRENCY = 1024  # streams one process serves with fair first-token times (benchmarks/load_bench.py)
 TRTLLM_MAX_BATCH_SIZE = 2048  # trtllm-serve's default --max_batch_size
 TRTLLM_ONLY = ("model", "model_argument", "tokenizer", "tp_size", "pp_size", "ep_size", "max_batch_size",
-               "max_num_tokens", "kv_cache_free_gpu_memory_fraction", "trust_remote_code", "extra_llm_api_options")
+               "max_num_tokens", "kv_cache_free_gpu_memory_fraction", "trust_remote_code", "extra_llm_api_options",
+               "guided_decoding_backend")
 
 
 def default_store_path() -> Path:
@@ -120,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     trtllm.add_argument("--trust_remote_code", "--trust-remote-code", dest="trust_remote_code", action="store_true")
     trtllm.add_argument("--extra_llm_api_options", "--extra-llm-api-options", "--config", dest="extra_llm_api_options",
                         type=Path, help="YAML of further tensorrt_llm.LLM arguments")
+    trtllm.add_argument("--guided-decoding-backend", "--guided_decoding_backend", dest="guided_decoding_backend",
+                        choices=GUIDED_DECODING_BACKENDS,
+                        help="the grammar backend that enforces tool_choice and response_format (LLM argument "
+                             "guided_decoding_backend); default auto: the YAML's, else llguidance; none: only "
+                             "described in the prompt")
 
     upstream = serve.add_argument_group("upstream engine")
     upstream.add_argument("--upstream-url", action="append", default=[],
@@ -328,5 +334,6 @@ def trtllm_arguments(args: argparse.Namespace) -> dict[str, Any]:
         kv_cache_free_gpu_memory_fraction=args.kv_cache_free_gpu_memory_fraction,
         trust_remote_code=args.trust_remote_code,
         extra_llm_api_options=args.extra_llm_api_options,
+        guided_decoding_backend=args.guided_decoding_backend,
     )
     return llm_arguments(flags, set(TorchLlmArgs.model_fields.keys()) | {"backend"})

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.test_e2e_chat import ANSWER
+from proxy.engines.trtllm_args import LlmArgsError, TrtllmFlags, llm_arguments
+from tests.test_e2e_chat import ANSWER, CALL, WEATHER
 from tests.test_trtllm import FAKE, events, model_folder
 from tests.test_vocab_and_cli import clean_env, free_port, stop, wait_healthy
 
@@ -20,8 +21,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "trtllm"
 PROXY = str(Path(sys.executable).with_name("harmony-proxy"))
 
 
-def fake_env(tmp_path: Path) -> dict[str, str]:
-    return clean_env(tmp_path, PYTHONPATH=str(FAKE))
+def fake_env(tmp_path: Path, surface: str = "newest") -> dict[str, str]:
+    return clean_env(tmp_path, PYTHONPATH=str(FAKE), FAKE_TRTLLM_SURFACE=surface)
 
 
 def init_args(folder: Path) -> dict[str, Any]:
@@ -70,7 +71,9 @@ def test_seed_commands_pass_flags_and_yaml_to_the_llm(
     arguments = init_args(folder)
     assert {key: arguments[key] for key in expected} == expected
     assert arguments["model"] == str(folder) and arguments["backend"] == "pytorch"
+    assert arguments["guided_decoding_backend"] == "llguidance"  # chosen when neither flag nor YAML names one
     assert "serving with the trtllm engine" in output.splitlines()[1]  # chosen without --engine: it is installed
+    assert "are enforced by TensorRT-LLM's llguidance backend" in output
     assert [e["event"] for e in events(folder)][-1] == "shutdown"  # SIGTERM shut the LLM down
 
 
@@ -79,7 +82,7 @@ def test_unknown_yaml_keys_stop_the_server_and_are_named(tmp_path: Path) -> None
     config = tmp_path / "options.yaml"
     config.write_text("enable_mixed_sampler: true\nstream_interval: 2\nnot_a_setting: 1\n")
     result = subprocess.run([PROXY, "serve", str(folder), "--extra_llm_api_options", str(config)],
-                            env=fake_env(tmp_path), capture_output=True, text=True, timeout=60)
+                            env=fake_env(tmp_path), capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
     assert "enable_mixed_sampler, not_a_setting" in result.stderr and "Traceback" not in result.stderr
     assert not events(folder)  # the LLM was never built
@@ -89,8 +92,8 @@ def test_an_llm_that_fails_to_build_stops_the_server(tmp_path: Path) -> None:
     folder = model_folder(tmp_path, [ANSWER])
     config = tmp_path / "options.yaml"
     config.write_text("kv_cache_config:\n  free_gpu_memory_fractoin: 0.5\n")  # a typo in a nested key
-    result = subprocess.run([PROXY, "serve", str(folder), "--port", str(free_port()), "--extra_llm_api_options",
-                             str(config)], env=fake_env(tmp_path), capture_output=True, text=True, timeout=60)
+    command = [PROXY, "serve", str(folder), "--port", str(free_port()), "--extra_llm_api_options", str(config)]
+    result = subprocess.run(command, env=fake_env(tmp_path), capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 1
     assert "failed to start" in result.stderr and "free_gpu_memory_fractoin" in result.stderr
 
@@ -121,13 +124,58 @@ def test_sigterm_during_a_long_load_exits_promptly(tmp_path: Path) -> None:
         process.communicate()
 
 
-def test_trtllm_flags_with_another_engine_are_refused(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--engine", "mock", "--tp_size", "8"],
-                            env=clean_env(tmp_path), capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "--tp_size is only used with --engine trtllm" in result.stderr
+@pytest.mark.parametrize("flag", [["--tp_size", "8"], ["--guided-decoding-backend", "xgrammar"]])
+def test_trtllm_flags_with_another_engine_are_refused(tmp_path: Path, flag: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--engine", "mock", *flag],
+                            env=clean_env(tmp_path), capture_output=True, text=True, timeout=60, check=False)
+    name = flag[0].lstrip("-").replace("-", "_")
+    assert result.returncode == 2 and f"--{name} is only used with --engine trtllm" in result.stderr
 
 
 def test_a_model_without_tensorrt_llm_installed_is_a_clear_error(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "proxy", "serve", "openai/gpt-oss-120b"],
-                            env=clean_env(tmp_path), capture_output=True, text=True, timeout=60)
+                            env=clean_env(tmp_path), capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2 and "needs TensorRT-LLM, which is not installed" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "yaml_text", "expected"),
+    [
+        (None, "", "llguidance"),  # auto: llguidance takes our grammar in every release
+        ("auto", "guided_decoding_backend: xgrammar\n", "xgrammar"),  # the YAML's choice is kept
+        ("llguidance", "guided_decoding_backend: xgrammar\n", "llguidance"),  # the flag wins, as other flags
+        ("none", "guided_decoding_backend: xgrammar\n", None),  # constraints only described in the prompt
+        (None, "speculative_config:\n  decoding_type: Eagle\n", None),  # 1.0 refuses the two together
+        ("xgrammar", "speculative_config:\n  decoding_type: Eagle\n", "xgrammar"),  # asked for: TensorRT-LLM decides
+    ],
+)
+def test_the_guided_decoding_backend_from_the_flag_and_the_yaml(
+    tmp_path: Path, flag: str | None, yaml_text: str, expected: str | None
+) -> None:
+    config = tmp_path / "options.yaml"
+    config.write_text(yaml_text)
+    arguments = llm_arguments(TrtllmFlags("m", extra_llm_api_options=config, guided_decoding_backend=flag), None)
+    assert arguments.get("guided_decoding_backend") == expected
+    with pytest.raises(LlmArgsError, match="--guided-decoding-backend must be one of"):
+        llm_arguments(TrtllmFlags("m", guided_decoding_backend="outlines"), None)
+
+
+def test_an_old_release_with_xgrammar_serves_constraints_unenforced_and_says_so(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, [CALL])
+    port = free_port()
+    process = subprocess.Popen([PROXY, "serve", str(folder), "--port", str(port), "--guided_decoding_backend",
+                                "xgrammar"], env=fake_env(tmp_path, "oldest"), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(port, process)
+        body = {"model": str(folder), "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER],
+                "tool_choice": "required"}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30).json()
+        assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    finally:
+        output = stop(process)
+    assert "with TensorRT-LLM 1.0.0rc6 (fake)" in output
+    assert "NOT enforced" in output and "legacy structures/triggers form" in output  # at start-up
+    assert "a call to get_weather required; analysis free, NOT enforced" in output  # and for the request
+    assert init_args(folder)["guided_decoding_backend"] == "xgrammar"
+    assert [e["guided"] for e in events(folder, "generate")] == [None]

@@ -1,6 +1,6 @@
 """The in-process TensorRT-LLM engine: one `tensorrt_llm.LLM` (PyTorch backend) in the server process.
 
-Written against the LLM API of TensorRT-LLM 1.1 to 1.3 (tensorrt_llm/llmapi/llm.py, sampling_params.py,
+Written against the LLM API of TensorRT-LLM 1.0 to 1.3 (tensorrt_llm/llmapi/llm.py, sampling_params.py,
 executor/result.py):
 - `LLM(**arguments)` loads the model; with tensor/expert parallelism it starts TensorRT-LLM's own MPI workers.
 - `generate_async(prompt_token_ids, sampling_params, streaming=True)` is a plain method called on the event
@@ -10,18 +10,28 @@ executor/result.py):
   (`<|return|>`, the tokenizer's EOS) never appears in them: the engine puts the Harmony stop token back from
   `finish_reason`/`stop_reason`, because the parser must see `<|return|>` and `<|call|>`.
 - `abort()` cancels a request (it then finishes `cancelled`); `shutdown()` stops the engine and its workers.
+- An output constraint travels as `SamplingParams(guided_decoding=GuidedDecodingParams(...))`, enforced by the
+  LLM's `guided_decoding_backend`; see `guided_decoding` for the form each backend and release takes.
+
+Both ends of the releases users run are served: 1.0 (the first gpt-oss containers, `release:gpt-oss-dev`,
+August 2025) has no `RequestOutput.cached_tokens` (PR #7637) and no new-form structural tags (PR #7893);
+1.2 to 1.3 have both. Optional fields are read defensively.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import json
 import logging
+import re
 import threading
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from parsers.vocab import Vocab
-from proxy.engines.base import EngineError, FinishReason, GenerationRequest, SamplingParams, Step, Usage
+from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
 
 logger = logging.getLogger("harmony_proxy.engine")
 
@@ -33,6 +43,81 @@ _FINISH: dict[str | None, FinishReason] = {
     None: "stop",
 }
 _TOO_LONG = ("max_num_tokens", "max_seq_len", "should not exceed")
+_CONSTRAINTS = "Output constraints (tool_choice required or named, strict tools, response_format, text.format)"
+
+
+@dataclass(frozen=True)
+class GuidedDecoding:
+    """How this engine hands output constraints to TensorRT-LLM, decided once at start-up.
+
+    `field` is the GuidedDecodingParams field a constrained request fills: `grammar` (llguidance: the Lark
+    grammar of the whole completion) or `structural_tag` (xgrammar: the same language as a JSON structural
+    tag); None when nothing is enforced, `reason` then saying why.
+    """
+
+    field: str | None
+    how: str = ""  # the backend and form, when enforced
+    reason: str = ""
+
+    @property
+    def message(self) -> str:
+        if self.field:
+            return f"{_CONSTRAINTS} are enforced by TensorRT-LLM's {self.how}; analysis stays free"
+        return f"{_CONSTRAINTS} are NOT enforced, only described to the model in the prompt: {self.reason}"
+
+
+def guided_decoding(
+    backend: str | None, tensorrt_llm_version: str, xgrammar_version: str | None, speculative: bool = False
+) -> GuidedDecoding:
+    """The form each backend accepts (tensorrt_llm/_torch/pyexecutor/grammar_matcher.py).
+
+    - llguidance takes `grammar` as Lark (`LLMatcher.grammar_from_lark`) in every release; it refuses
+      structural tags. Its EOS is the tokenizer's, `<|return|>`, allowed where the grammar is complete.
+    - xgrammar takes `structural_tag` as a JSON string. Since PR #7893 (September 2025, with xgrammar 0.1.25)
+      the string goes to `compile_structural_tag` whole: the `{"type": "structural_tag", "format": ...}` form.
+      Before it (1.0), only the legacy `{"structures": [...], "triggers": [...]}` form, free text around
+      optional tags, which can require neither a call nor a JSON final answer: nothing is sent then.
+    """
+    if backend == "llguidance":
+        return GuidedDecoding("grammar", "llguidance backend (a Lark grammar of the whole completion)")
+    if backend == "xgrammar":
+        if _has_format_structural_tags(tensorrt_llm_version, xgrammar_version):
+            return GuidedDecoding("structural_tag", "xgrammar backend (a structural tag of the whole completion)")
+        installed = f" with xgrammar {xgrammar_version}" if xgrammar_version else ""
+        return GuidedDecoding(None, reason=(
+            f"TensorRT-LLM {tensorrt_llm_version}{installed} takes xgrammar structural tags only in the legacy "
+            "structures/triggers form, which can require neither a call nor a JSON answer; use "
+            "--guided-decoding-backend llguidance (or guided_decoding_backend: llguidance) to enforce them"))
+    if speculative:
+        return GuidedDecoding(None, reason=(
+            "no guided decoding backend: none is chosen by default with speculative_config (TensorRT-LLM 1.0 "
+            "refuses the two together); set --guided-decoding-backend llguidance where your release allows it"))
+    return GuidedDecoding(None, reason=(
+        "no guided decoding backend (guided_decoding_backend unset, or --guided-decoding-backend none)"))
+
+
+def _has_format_structural_tags(tensorrt_llm_version: str, xgrammar_version: str | None) -> bool:
+    # PR #7893 upgraded the pinned xgrammar to 0.1.25 and passed structural tags through in one change, so the
+    # installed xgrammar tells the form; where it cannot be read, the release: 1.2.0rc0 and later surely have it.
+    if xgrammar_version is not None:
+        return _release(xgrammar_version) >= (0, 1, 25, 0)
+    return _release(tensorrt_llm_version) >= (1, 2, 0, 0)
+
+
+def _release(version: str) -> tuple[int, int, int, int]:
+    """(major, minor, patch, rc) of a version string; a final release sorts after its release candidates."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)(?:rc(\d+))?", version)
+    if match is None:
+        return 0, 0, 0, 0
+    major, minor, patch, rc = match.groups()
+    return int(major), int(minor), int(patch), int(rc) if rc is not None else 1 << 30
+
+
+def _installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 class TrtllmEngine:
@@ -44,6 +129,8 @@ class TrtllmEngine:
         self._llm: Any = None
         # Imported when the engine starts, so the server runs where TensorRT-LLM is not installed.
         self._sampling_params: Any = None
+        self._guided_params: Any = None
+        self._guided = GuidedDecoding(None, reason="not started")
         self._request_error: type[Exception] = RuntimeError
         self._closing = False
         self._active: set[Any] = set()  # RequestOutputs still streaming, aborted at shutdown
@@ -74,9 +161,16 @@ class TrtllmEngine:
     def _import_tensorrt_llm(self) -> Any:
         import tensorrt_llm
         from tensorrt_llm.executor import RequestError
+        from tensorrt_llm.sampling_params import GuidedDecodingParams
 
         self._sampling_params, self._request_error = tensorrt_llm.SamplingParams, RequestError
+        self._guided_params = GuidedDecodingParams
         logger.info("loading %s with TensorRT-LLM %s", self._arguments.get("model"), tensorrt_llm.__version__)
+        self._guided = guided_decoding(
+            self._arguments.get("guided_decoding_backend"), tensorrt_llm.__version__, _installed_version("xgrammar"),
+            speculative=bool(self._arguments.get("speculative_config")),
+        )
+        (logger.info if self._guided.field else logger.warning)("%s", self._guided.message)
         return tensorrt_llm
 
     async def close(self) -> None:
@@ -108,7 +202,7 @@ class TrtllmEngine:
                 usage = Usage(
                     prompt_tokens=len(request.prompt_token_ids),
                     completion_tokens=len(completion.token_ids) + len(restored),
-                    cached_tokens=output.cached_tokens,
+                    cached_tokens=getattr(output, "cached_tokens", None),  # since PR #7637 (September 2025)
                 )
                 yield Step(tokens + restored, reason, usage)
                 return
@@ -121,9 +215,8 @@ class TrtllmEngine:
 
     def _submit(self, request: GenerationRequest) -> Any:
         try:
-            return self._llm.generate_async(
-                request.prompt_token_ids, sampling_params=self._sampling(request.sampling), streaming=True
-            )
+            return self._llm.generate_async(request.prompt_token_ids, sampling_params=self._sampling(request),
+                                            streaming=True)
         except (self._request_error, ValueError, TypeError) as exc:
             message = str(exc)
             if self._closing or "shutting down" in message:
@@ -133,12 +226,29 @@ class TrtllmEngine:
         except RuntimeError as exc:  # "LLM is shutting down"
             raise EngineError(f"The TensorRT-LLM engine is not serving: {exc}", status=503) from exc
 
-    def _sampling(self, sampling: SamplingParams) -> Any:
+    def _sampling(self, request: GenerationRequest) -> Any:
+        fields = request.sampling.request_fields()  # max_tokens always set: TensorRT-LLM's default is 32
+        # OpenAI's default temperature, as trtllm-serve sends it: newer TensorRT-LLM decodes greedily when no
+        # sampling field is set, and gpt-oss is meant to be sampled at 1.0.
+        fields.setdefault("temperature", 1.0)
         return self._sampling_params(
-            **sampling.request_fields(),  # max_tokens always set: TensorRT-LLM's default is 32
+            **fields,
             detokenize=False,  # we parse token ids; text would be wasted work
             include_stop_str_in_output=True,  # keep <|call|>: without it a finished tool call cannot be told
+            guided_decoding=self._guide(request),
         )
+
+    def _guide(self, request: GenerationRequest) -> Any:
+        """The request's GuidedDecodingParams, or None: unconstrained, or not enforceable here (then logged)."""
+        grammar = request.constraint.grammar
+        if grammar is None:
+            return None
+        if self._guided.field == "grammar":
+            return self._guided_params(grammar=grammar.lark)
+        if self._guided.field == "structural_tag":
+            return self._guided_params(structural_tag=json.dumps(grammar.structural_tag, separators=(",", ":")))
+        logger.warning("request %s: %s, NOT enforced: %s", request.request_id, grammar.summary, self._guided.reason)
+        return None
 
     def _restored_stop(self, completion: Any, reason: FinishReason) -> list[int]:
         """The Harmony stop token that ended a `stop` finish, when TensorRT-LLM left it out of token_ids."""
@@ -186,7 +296,7 @@ async def _build_in_thread(build: Callable[[], Any]) -> Any:
     def run() -> None:
         try:
             llm, error = build(), None
-        except BaseException as exc:  # reported to the event loop, which fails the start-up
+        except BaseException as exc:  # noqa: BLE001 - reported to the event loop, which fails the start-up
             llm, error = None, exc
         try:
             loop.call_soon_threadsafe(settle, llm, error)

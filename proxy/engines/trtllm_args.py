@@ -4,6 +4,9 @@ Mirrors trtllm-serve (tensorrt_llm/commands/serve.py, 1.1 to 1.3): `--tp_size` i
 `--ep_size` is `moe_expert_parallel_size`, `--kv_cache_free_gpu_memory_fraction` is
 `kv_cache_config.free_gpu_memory_fraction`. The YAML's keys are LLM arguments too; flags given on the command
 line win over the YAML (newest trtllm-serve), and `kv_cache_config` is merged key by key.
+
+trtllm-serve has no flag for `guided_decoding_backend` (only the YAML key, default unset: constraints then go
+unenforced); ours, `--guided-decoding-backend`, defaults to `auto`: the YAML's choice, else llguidance.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+GUIDED_DECODING_BACKENDS = ("auto", "llguidance", "xgrammar", "none")
+DEFAULT_GUIDED_DECODING_BACKEND = "llguidance"  # takes our grammar in the same form in every release
 
 
 class LlmArgsError(ValueError):
@@ -33,6 +39,7 @@ class TrtllmFlags:
     kv_cache_free_gpu_memory_fraction: float | None = None
     trust_remote_code: bool = False
     extra_llm_api_options: Path | None = None
+    guided_decoding_backend: str | None = None  # one of GUIDED_DECODING_BACKENDS; None is auto
 
 
 def llm_arguments(flags: TrtllmFlags, known_keys: set[str] | None) -> dict[str, Any]:
@@ -67,7 +74,28 @@ def llm_arguments(flags: TrtllmFlags, known_keys: set[str] | None) -> dict[str, 
         kv_cache = dict(arguments.get("kv_cache_config") or {})
         kv_cache["free_gpu_memory_fraction"] = flags.kv_cache_free_gpu_memory_fraction
         arguments["kv_cache_config"] = kv_cache
+    backend = _guided_decoding_backend(flags.guided_decoding_backend or "auto", arguments)
+    arguments.pop("guided_decoding_backend", None)
+    if backend is not None:
+        arguments["guided_decoding_backend"] = backend
     return arguments
+
+
+def _guided_decoding_backend(choice: str, arguments: dict[str, Any]) -> str | None:
+    """The LLM's guided decoding backend: the flag's, else the YAML's, else llguidance.
+
+    Not by default with speculative decoding: TensorRT-LLM 1.0 refuses to build an LLM with both (the engine
+    says at start-up that constraints are then not enforced, and how to turn them on).
+    """
+    if choice not in GUIDED_DECODING_BACKENDS:
+        raise LlmArgsError(f"--guided-decoding-backend must be one of {', '.join(GUIDED_DECODING_BACKENDS)}")
+    if choice == "none":
+        return None
+    if choice != "auto":
+        return choice
+    if arguments.get("guided_decoding_backend") is not None or arguments.get("speculative_config"):
+        return arguments.get("guided_decoding_backend")
+    return DEFAULT_GUIDED_DECODING_BACKEND
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

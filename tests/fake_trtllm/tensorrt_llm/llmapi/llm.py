@@ -6,7 +6,13 @@
   an event loop running; it raises `RuntimeError("LLM is shutting down")` after `shutdown()`, and `RequestError`
   for a prompt longer than `max_num_tokens`.
 - The `RequestOutput` is async-iterated and yields the same object each step, mutated; `outputs[0]` has
-  cumulative `token_ids`, `token_ids_diff`, `finish_reason`, `stop_reason`; `cached_tokens` is on the output.
+  cumulative `token_ids`, `token_ids_diff`, `finish_reason`, `stop_reason`. `cached_tokens` is on the output
+  only on the newest surface (PR #7637); on the oldest, reading it raises AttributeError as the real class.
+- `guided_decoding_backend` (None, "xgrammar" or "llguidance", a pydantic Literal) builds a guided decoder;
+  without one, a request's `guided_decoding` is silently ignored, as in the real engine. With one, each guided
+  request's guide is checked by `_torch/pyexecutor/grammar_matcher.py` when it is scheduled, and a guide the
+  backend refuses fails that request; with llguidance, the first scripted token the grammar rejects is
+  recorded (`guide_rejected`). The oldest surface refuses guided decoding with speculative decoding.
 - One step carries `stream_interval` tokens. The end token (`end_id`, the tokenizer's EOS `<|return|>`) ends with
   `stop` and is left out of `token_ids`; a stop token id ends with `stop`, `stop_reason` set to it, and is
   stripped unless `include_stop_str_in_output`. `ignore_eos` disables the end token only.
@@ -23,17 +29,19 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+from tensorrt_llm._surface import SURFACE
+from tensorrt_llm._torch.pyexecutor.grammar_matcher import FACTORIES
 from tensorrt_llm.executor import RequestError
-from tensorrt_llm.llmapi.llm_args import NESTED, TorchLlmArgs, check_nested
+from tensorrt_llm.llmapi.llm_args import NESTED, TorchLlmArgs, check_guided_decoding, check_nested
 from tensorrt_llm.sampling_params import SamplingParams
 
 TOKENS_PER_BLOCK = 32
 
 
 class CompletionOutput:
-    __slots__ = ("index", "text", "token_ids", "finish_reason", "stop_reason", "_last_token_ids_len")
+    __slots__ = ("_last_token_ids_len", "finish_reason", "index", "stop_reason", "text", "token_ids")
 
     def __init__(self, index: int) -> None:
         self.index, self.text, self.token_ids = index, "", []
@@ -59,7 +67,9 @@ class RequestOutput:
         self._llm, self.request_id, self.prompt_token_ids = llm, request_id, prompt
         self.sampling_params = params
         self.outputs = [CompletionOutput(0)]
-        self.cached_tokens = llm._cache_hit(prompt)
+        cached = llm._cache_hit(prompt)
+        if SURFACE.cached_tokens:
+            self.cached_tokens = cached
         self._done = False
         self._aborted = False
         self._queue: asyncio.Queue[tuple[list[int], str | None, Any]] = asyncio.Queue()
@@ -101,19 +111,27 @@ class RequestOutput:
 
     async def _produce(self, script: list[int]) -> None:
         params, llm = self.sampling_params, self._llm
+        matcher = None
+        if params.guided_decoding is not None and llm.guided_decoder is not None:
+            try:
+                matcher = llm.guided_decoder.create(params.guided_decoding)
+            except (ValueError, KeyError, TypeError) as exc:
+                self._queue.put_nowait(([], "error", f"Guided decoding failed: {type(exc).__name__}: {exc}"))
+                return
         stops = set(params.stop_token_ids or ())
         end_id = None if params.ignore_eos else llm.end_id
         step: list[int] = []
-        generated = 0
-        for token in script:
-            if generated >= params.max_tokens:
+        for done, token in enumerate(script):  # `done` tokens generated before this one
+            if done >= params.max_tokens:
                 break
-            if generated == llm.fail_after:
+            if done == llm.fail_after:
                 self._queue.put_nowait((step, None, None))
                 self._queue.put_nowait(([], "error", "Encountered an error in forward function: CUDA out of memory"))
                 return
-            generated += 1
-            may_stop = generated >= (params.min_tokens or 0)
+            if matcher is not None and not matcher.accept_token(token):
+                llm._record("guide_rejected", request_id=self.request_id, index=done, token=token)
+                matcher = None  # a masked model would have written another token here
+            may_stop = done + 1 >= (params.min_tokens or 0)
             if may_stop and token == end_id:
                 self._queue.put_nowait((step, "stop", None))  # the end token is not returned
                 return
@@ -139,6 +157,7 @@ class LLM:
                 raise ValueError(f"LLM got invalid argument: {key}")
         for name in NESTED:
             check_nested(name, kwargs.get(name))
+        backend = check_guided_decoding(kwargs)
         self._folder = Path(model)
         script = self._folder / "script.jsonl"
         if not script.is_file():
@@ -149,6 +168,7 @@ class LLM:
         self._scripts = [vocab.encode_harmony(json.loads(line)["completion"])
                          for line in script.read_text().splitlines() if line.strip()]
         self.end_id = vocab.special.return_  # the gpt-oss tokenizer's eos_token_id
+        self.guided_decoder = FACTORIES[backend](vocab) if backend else None
         self.args = {"model": str(model), "tokenizer": tokenizer, "trust_remote_code": trust_remote_code,
                      "tensor_parallel_size": tensor_parallel_size, **kwargs}
         self.stream_interval = int(kwargs.get("stream_interval") or 1)
@@ -163,11 +183,12 @@ class LLM:
         self._shut_down = False
         # TensorRT-LLM's MPI start-up and signal handling assume the main thread: record where the LLM was built.
         self._record("init", args=self.args, main_thread=threading.current_thread() is threading.main_thread(),
-                     pid=os.getpid())
+                     pid=os.getpid(), surface=SURFACE.name)
 
     def generate_async(self, inputs: Any, sampling_params: SamplingParams | None = None, lora_request: Any = None,
-                       prompt_adapter_request: Any = None, streaming: bool = False, kv_cache_retention_config: Any = None,
-                       disaggregated_params: Any = None, _postproc_params: Any = None, scheduling_params: Any = None,
+                       prompt_adapter_request: Any = None, streaming: bool = False,
+                       kv_cache_retention_config: Any = None, disaggregated_params: Any = None,
+                       _postproc_params: Any = None, scheduling_params: Any = None,
                        cache_salt: str | None = None) -> RequestOutput:
         if self._shut_down:
             raise RuntimeError("LLM is shutting down")
@@ -182,8 +203,11 @@ class LLM:
         self._next_id += 1
         script = self._scripts[self._next_script % len(self._scripts)]
         self._next_script += 1
+        sampling = {name: getattr(params, name) for name in params.__slots__ if name != "guided_decoding"}
+        guided = params.guided_decoding
         self._record("generate", request_id=self._next_id, prompt_length=len(inputs), streaming=streaming,
-                     sampling={name: getattr(params, name) for name in params.__slots__})
+                     sampling=sampling, guided=guided and {name: getattr(guided, name) for name in guided.__slots__
+                                                           if getattr(guided, name) not in (None, False)})
         return RequestOutput(self, self._next_id, list(inputs), params, script)
 
     def shutdown(self) -> None:
@@ -191,10 +215,10 @@ class LLM:
             self._shut_down = True
             self._record("shutdown")
 
-    def __enter__(self) -> LLM:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: object) -> bool:
         self.shutdown()
         return False
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tensorrt_llm._surface import SURFACE
+
 
 class _Fields:
     def __init__(self, names: set[str]) -> None:
@@ -55,3 +57,18 @@ def check_nested(name: str, value: Any) -> None:
     fraction = value.get("free_gpu_memory_fraction") if name == "kv_cache_config" else None
     if fraction is not None and not 0 <= fraction <= 1:
         raise ValueError("kv_cache_config.free_gpu_memory_fraction must be a float between 0 and 1")
+
+
+GUIDED_DECODING_BACKENDS = ("xgrammar", "llguidance")
+
+
+def check_guided_decoding(arguments: dict[str, Any]) -> str | None:
+    """`guided_decoding_backend: Optional[Literal["xgrammar", "llguidance"]] = None`, and (oldest surface,
+    py_executor_creator.py) no guided decoding together with speculative decoding."""
+    backend = arguments.get("guided_decoding_backend")
+    if backend is not None and backend not in GUIDED_DECODING_BACKENDS:
+        raise ValueError(f"1 validation error for TorchLlmArgs\nguided_decoding_backend\n  Input should be 'xgrammar' "
+                         f"or 'llguidance' [type=literal_error, input_value={backend!r}, input_type=str]")
+    if backend and arguments.get("speculative_config") and not SURFACE.guided_with_speculation:
+        raise ValueError("Guided decoding is not supported with speculative decoding.")
+    return backend
