@@ -15,7 +15,7 @@ from tools.schema_check import enforcement, schema_error, unresolved_ref
 # OpenAI allows letters, digits, '_' and '-'; gpt-oss tool names with dots round-trip too (vLLM #51977).
 # Whitespace cannot: the name is written into the Harmony recipient `to=functions.NAME`.
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
-# openai-harmony renders tool declarations itself; it fails on schemas nested deeper than this.
+# Declarations of bounded depth: the renderer and the grammar compiler recurse over the schema.
 MAX_SCHEMA_DEPTH = 48
 
 
