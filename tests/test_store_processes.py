@@ -286,12 +286,13 @@ def test_concurrent_writes_through_two_processes(servers: Any) -> None:
 
 def test_a_restarting_process_leaves_the_others_jobs_running(servers: Any) -> None:
     owner, other = servers(), servers()
-    job = owner.create(background=True, max_output_tokens=150)  # about 3 s
+    # About 8 s: long enough to outlast the restart below even on a loaded machine.
+    job = owner.create(background=True, max_output_tokens=400)
     time.sleep(0.3)
     other.stop()  # a worker restarts (its own start-up ends what dead processes left unfinished)
     other = servers()
     assert other.get(job["id"])["status"] == "in_progress"
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 30
     while (ended := other.get(job["id"]))["status"] == "in_progress":
         assert time.monotonic() < deadline
         time.sleep(0.1)
