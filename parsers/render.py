@@ -42,6 +42,7 @@ from openai_harmony import (
     RenderOptions,
     Role,
     SystemContent,
+    ToolNamespaceConfig,
 )
 
 from parsers.conversation import (
@@ -61,6 +62,9 @@ from tools.definitions import FunctionTool
 
 EFFORTS = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
 KNOWLEDGE_CUTOFF = "2024-06"
+# gpt-oss's built-in tools, declared in the system message as the model was trained to see them: openai-harmony's
+# own configs (what `SystemContent.with_browser_tool()` and `.with_python_tool()` add).
+BUILTIN_TOOLS = {"browser": ToolNamespaceConfig.browser, "python": ToolNamespaceConfig.python}
 
 # openai-harmony's tokenizer holds the GIL for a whole call (~1 us per token), so a long text is encoded in
 # pieces, each ending where the tokenizer's pre-tokenizer must end a token anyway: at a space between ASCII
@@ -104,7 +108,7 @@ class Renderer:
         self._open_assistant = (special.start, *vocab.encode("assistant"))
         self._call_header_end = [special.constrain, *vocab.encode("json"), special.message]
         self._developer_header = (special.start, *vocab.encode("developer"), special.message)
-        self._systems: dict[tuple[str, bool], tuple[int, ...]] = {}  # the few system messages there are
+        self._systems: dict[tuple[str, bool, tuple[str, ...]], tuple[int, ...]] = {}  # the few there are
         self._pieces: BoundedCache[Hashable, tuple[int, ...]] = BoundedCache(
             max_entries=cache_tokens // 32, max_weight=cache_tokens)
 
@@ -130,7 +134,7 @@ class Renderer:
     def _lookup(self, prompt: Prompt) -> list[tuple[int, ...] | _Part]:
         """The prompt as token pieces: known ones as tokens, the others as parts still to render."""
         leading, rest = _split_leading_instructions(prompt.items)
-        plan: list[tuple[int, ...] | _Part] = [self._system(prompt.reasoning_effort, bool(prompt.tools))]
+        plan: list[tuple[int, ...] | _Part] = [self.system_message(prompt.reasoning_effort, bool(prompt.tools))]
         plan += self._developer(leading, prompt)
         for item in _visible_history(rest):  # ~2 us an item when cached: a long conversation has many
             plan.append(self._cached(_key(item), _size(item), partial(self._item, item)))
@@ -153,10 +157,13 @@ class Renderer:
             tokens += next(fresh) if isinstance(piece, _Part) else piece
         return tokens
 
-    def _system(self, effort: str, with_tools: bool) -> tuple[int, ...]:
-        key = (effort, with_tools)
+    def system_message(self, effort: str, with_tools: bool, builtin_tools: Sequence[str] = ()) -> tuple[int, ...]:
+        """The system message's tokens, openai-harmony's own rendering: identity, cutoff, effort, channels, the
+        line sending `functions` calls to commentary when `with_tools`, and the built-in tools named (of
+        `BUILTIN_TOOLS`) under `# Tools`, in the library's order whatever order they are named in."""
+        key = (effort, with_tools, tuple(sorted(set(builtin_tools))))
         if key not in self._systems:
-            content = SystemContent.new().with_reasoning_effort(EFFORTS[effort]).with_knowledge_cutoff(KNOWLEDGE_CUTOFF)
+            content = system_content(effort, key[2])
             self._systems[key] = tuple(self._vocab.encoding.render(
                 Message.from_role_and_content(Role.SYSTEM, content), RenderOptions(conversation_has_function_tools=with_tools)
             ))
@@ -226,6 +233,14 @@ class Renderer:
 
     def _encode(self, text: str) -> list[int]:
         return encode_in_pieces(self._vocab, text, _PIECE_CHARS)
+
+
+def system_content(effort: str, builtin_tools: Sequence[str] = ()) -> SystemContent:
+    """The system message: no conversation date (a stable prompt prefix), and the built-in tools named."""
+    content = SystemContent.new().with_reasoning_effort(EFFORTS[effort]).with_knowledge_cutoff(KNOWLEDGE_CUTOFF)
+    for name in builtin_tools:
+        content = content.with_tools(BUILTIN_TOOLS[name]())
+    return content
 
 
 def encode_in_pieces(vocab: Vocab, text: str, piece_chars: int) -> list[int]:

@@ -14,21 +14,27 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from time import perf_counter
 
 from proxy.engines.base import Engine, EngineError, GenerationRequest, Step
+from proxy.request_record import note_admitted
 
 RETRY_AFTER_SECONDS = 1
 
 
 class AdmissionQueue:
-    def __init__(self, max_concurrent: int, max_queue: int) -> None:
+    def __init__(
+        self, max_concurrent: int, max_queue: int, on_change: Callable[[int, int], None] | None = None
+    ) -> None:
+        """`on_change(running, waiting)` is told every change of the counts (the metrics' gauges)."""
         if max_concurrent < 1 or max_queue < 0:
             raise ValueError("max_concurrent must be at least 1 and max_queue at least 0")
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
         self.active = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
+        self._on_change = on_change
 
     @property
     def queued(self) -> int:
@@ -38,6 +44,7 @@ class AdmissionQueue:
         """Take a slot, waiting in line for one if need be; EngineError 429 when the line is full."""
         if self.active < self.max_concurrent and not self._waiting:
             self.active += 1
+            self._changed()
             return
         if len(self._waiting) >= self.max_queue:
             raise EngineError(
@@ -49,6 +56,7 @@ class AdmissionQueue:
             )
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(turn)
+        self._changed()
         try:
             await turn  # leave() hands a finished request's slot straight to the head of the line
         except asyncio.CancelledError:
@@ -56,6 +64,7 @@ class AdmissionQueue:
                 self.leave()  # the slot came to us as we were cancelled: pass it on
             else:
                 self._waiting.remove(turn)
+                self._changed()
             raise
 
     def leave(self) -> None:
@@ -63,8 +72,14 @@ class AdmissionQueue:
             turn = self._waiting.popleft()
             if not turn.done():
                 turn.set_result(None)
+                self._changed()
                 return
         self.active -= 1
+        self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self.active, len(self._waiting))
 
 
 class AdmittedEngine:
@@ -89,7 +104,9 @@ class AdmittedEngine:
         await self.inner.close()
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
+        arrived = perf_counter()
         await self.queue.enter()
+        note_admitted(perf_counter() - arrived)
         steps = self.inner.generate(request)
         try:
             async for step in steps:

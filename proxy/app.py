@@ -18,6 +18,9 @@ from proxy.completions import completions
 from proxy.disconnect import ClientDisconnected, client_gone_handler
 from proxy.engines.base import EngineError
 from proxy.errors import APIError, api_error_handler, engine_error_handler, http_error_handler, unexpected_error_handler
+from proxy.metrics import metrics_endpoint
+from proxy.observer import RequestObserver
+from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
 from proxy.responses.routes import (
     cancel_response,
     create_response,
@@ -53,7 +56,10 @@ def create_app(
             await state.engine.close()
             if state.responses is not None:
                 await state.responses.close()
+            state.metrics.close()
 
+    routes: dict[Callable[..., object], str] = {}  # endpoint -> path template, for the observer's labels
+    public = frozenset({"/health", "/metrics"} if state.config.metrics_public else {"/health"}) | PLAYGROUND_PATHS
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -67,6 +73,8 @@ def create_app(
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+            *PLAYGROUND_ROUTES,
         ],
         exception_handlers={
             APIError: api_error_handler,
@@ -78,9 +86,13 @@ def create_app(
         lifespan=lifespan,
         middleware=[
             Middleware(KeepRawSend),
-            *([Middleware(APIKeyMiddleware, api_key=state.config.api_key)] if state.config.api_key else []),
+            Middleware(RequestObserver, metrics=state.metrics, model=state.config.served_model_name,
+                       routes=routes, log_requests=state.config.log_requests),
+            *([Middleware(APIKeyMiddleware, api_key=state.config.api_key, public=public)]
+              if state.config.api_key else []),
         ],
     )
+    routes.update({route.endpoint: route.path for route in app.routes if isinstance(route, Route)})
     app.state.harmony = state
     return app
 
@@ -100,4 +112,5 @@ async def _start_engine(state: ServerState, on_failure: Callable[[BaseException]
         if on_failure is not None:
             on_failure(exc)
         return
+    state.metrics.engine_ready(state.engine.ready)
     logger.info("the %s engine is ready, serving %s", state.engine.name, state.config.served_model_name)

@@ -21,6 +21,7 @@ from typing import Any
 import uvicorn
 
 from parsers.vocab import Vocab, VocabError, load_vocab
+from proxy.access_log import LOG_FORMATS, configure_logging
 from proxy.admission import AdmissionQueue, AdmittedEngine
 from proxy.app import create_app
 from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
@@ -31,7 +32,9 @@ from proxy.engines.trtllm_args import GUIDED_DECODING_BACKENDS, LlmArgsError, Tr
 from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
 from proxy.listener import Server
+from proxy.metrics import Metrics
 from proxy.responses.store import SQLiteResponseStore
+from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
 
 logger = logging.getLogger("harmony_proxy")
@@ -73,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="on SIGTERM, seconds running requests may take to finish before they are aborted")
     serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                       help="text, or json: every log line one JSON object (default text)")
+    serve.add_argument("--log-requests", action="store_true",
+                       help="also log each request's body and headers (prompts included; never Authorization)")
+    serve.add_argument("--metrics-public", action="store_true", help="serve /metrics without the --api-key")
 
     capacity = serve.add_argument_group("capacity")
     capacity.add_argument("--workers", type=int, default=1,
@@ -94,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     responses.add_argument("--no-store", action="store_true", help="store no responses")
     responses.add_argument("--reasoning-summary-events", action="store_true",
                            help="also stream reasoning as response.reasoning_summary_text.* events")
+    responses.add_argument("--mcp-allow", action="append", default=[], metavar="URL-PREFIX",
+                           help="an MCP server URL prefix clients may name in {\"type\": \"mcp\"} tools (repeatable; "
+                                "scheme, host and port must match, the path at a '/'); none: every server_url is "
+                                "refused")
+    responses.add_argument("--tool-server", action="append", default=[], metavar="URL",
+                           help="an MCP server providing gpt-oss's browser and/or python tool, for web_search_preview "
+                                "and code_interpreter (repeatable; a URL ending in /sse is reached over SSE)")
     responses.add_argument("--open-responses-events", action="store_true",
                            help="name raw reasoning events response.reasoning.* (Open Responses spec) rather than "
                                 "response.reasoning_text.* (OpenAI SDK)")
@@ -149,9 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    configure_logging(args.log_level, args.log_format)
     loop, http = runtime()
     logger.info("event loop %s, HTTP parser %s, %d worker process%s", loop, http, args.workers,
                 "" if args.workers == 1 else "es")
@@ -200,7 +213,8 @@ def runtime() -> tuple[str, str]:
 def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     loop, http = runtime()
     return {"host": args.host, "port": args.port, "loop": loop, "http": http, "log_config": None,
-            "log_level": args.log_level, "timeout_graceful_shutdown": args.shutdown_timeout}
+            "log_level": args.log_level, "timeout_graceful_shutdown": args.shutdown_timeout,
+            "access_log": False}  # ours (proxy/access_log.py) has the request id, tokens and timings
 
 
 def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | None = None) -> ServerState:
@@ -209,18 +223,20 @@ def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | Non
     config = _config(args, engine_name)
     if engine is None:
         engine = _build_engine(engine_name, args, vocab, config)
-    queue = admission_queue(args, engine_name)
-    if queue is not None:
-        engine = AdmittedEngine(engine, queue)
+    metrics = Metrics(config.served_model_name, engine.name, config.max_model_len)
+    engine = AdmittedEngine(engine, admission_queue(args, engine_name, metrics))
     try:
-        store = None if args.no_store else SQLiteResponseStore(args.store_path)
+        store = None if args.no_store else SQLiteResponseStore(args.store_path, metrics.store_operation)
     except (OSError, sqlite3.Error) as exc:
         raise StartupError(f"cannot open the response store {args.store_path}: {exc}") from None
-    return ServerState(config, vocab, engine, store)
+    return ServerState(config, vocab, engine, store, metrics)
 
 
-def admission_queue(args: argparse.Namespace, engine_name: str) -> AdmissionQueue | None:
-    """The admission limits of one server process; None for no limit."""
+def admission_queue(
+    args: argparse.Namespace, engine_name: str, metrics: Metrics | None = None
+) -> AdmissionQueue:
+    """The admission limits of one server process (with no limit, the queue still counts running requests)."""
+    on_change = metrics.admission_changed if metrics is not None else None
     limit = args.max_concurrent_requests
     if limit is None:
         if engine_name == "trtllm":
@@ -230,8 +246,9 @@ def admission_queue(args: argparse.Namespace, engine_name: str) -> AdmissionQueu
         else:
             limit = DEFAULT_CONCURRENCY
     if limit == 0:
-        return None
-    queue = AdmissionQueue(limit, limit if args.max_queue is None else args.max_queue)
+        logger.info("admitting any number of requests at once")
+        return AdmissionQueue(sys.maxsize, 0, on_change)
+    queue = AdmissionQueue(limit, limit if args.max_queue is None else args.max_queue, on_change)
     logger.info("admitting %d requests at once%s, %d more in line, then 429", limit,
                 " per worker" if args.workers > 1 else "", queue.max_queue)
     return queue
@@ -265,6 +282,22 @@ def engine_choice(args: argparse.Namespace) -> str:
     return name
 
 
+def _mcp_allow(prefixes: Sequence[str]) -> tuple[str, ...]:
+    try:
+        McpAllowList(prefixes)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    return tuple(prefixes)
+
+
+def _tool_servers(urls: Sequence[str]) -> tuple[str, ...]:
+    """The --tool-server URLs, normalized; they are the operator's own, so no --mcp-allow applies to them."""
+    try:
+        return tuple(parse_target(url)[1] for url in urls)
+    except McpUrlRefused as exc:
+        raise StartupError(f"--tool-server: {exc}") from None
+
+
 def _config(args: argparse.Namespace, engine_name: str) -> ServerConfig:
     model = args.model or args.model_argument
     served = args.served_model_name or (model if engine_name == "trtllm" and model else DEFAULT_MODEL)
@@ -274,10 +307,14 @@ def _config(args: argparse.Namespace, engine_name: str) -> ServerConfig:
         default_reasoning_effort=args.default_reasoning_effort,
         max_model_len=args.max_model_len or args.max_seq_len or DEFAULT_CONTEXT,
         api_key=args.api_key,
+        metrics_public=args.metrics_public,
+        log_requests=args.log_requests,
         max_tools=args.max_tools,
         max_tools_schema_bytes=args.max_tools_schema_bytes,
         reasoning_summary_events=args.reasoning_summary_events,
         open_responses_events=args.open_responses_events,
+        mcp_allow=_mcp_allow(args.mcp_allow),
+        tool_servers=_tool_servers(args.tool_server),
     )
 
 

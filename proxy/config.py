@@ -19,3 +19,7 @@ class ServerConfig:
     max_tools: int = 128  # tools one request may declare (OpenAI's limit)
     max_tools_schema_bytes: int = 1024 * 1024  # JSON of all of a request's tools together
     api_key: str | None = None  # when set, /v1 routes need `Authorization: Bearer <api_key>`
+    mcp_allow: tuple[str, ...] = ()  # URL prefixes of the MCP servers clients may name (--mcp-allow); none: no MCP
+    tool_servers: tuple[str, ...] = ()  # MCP servers providing gpt-oss's browser and python tools (--tool-server)
+    metrics_public: bool = False  # /metrics answers without the API key
+    log_requests: bool = False  # log each request's body and headers (never its Authorization)

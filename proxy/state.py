@@ -10,8 +10,12 @@ from parsers.vocab import Vocab
 from proxy.config import ServerConfig
 from proxy.engines.base import Engine
 from proxy.errors import APIError, model_not_found
+from proxy.metrics import Metrics
 from proxy.responses.jobs import BackgroundJobs
 from proxy.responses.store import ResponseStore
+from proxy.server_tools.allow import McpAllowList
+from proxy.server_tools.builtin import ToolServers
+from proxy.server_tools.tool_cache import ToolListCache
 from tools.cache import ToolCatalog
 
 
@@ -21,13 +25,21 @@ class ServerState:
     vocab: Vocab
     engine: Engine
     responses: ResponseStore | None = None  # None: storage disabled (--no-store)
+    metrics: Metrics = None  # type: ignore[assignment]  # None: new ones (the CLI passes the ones it wired up)
     renderer: Renderer = field(init=False)
     jobs: BackgroundJobs | None = field(init=False)
+    mcp_allow: McpAllowList = field(init=False)  # which client-supplied MCP server URLs may be reached
+    tool_servers: ToolServers = field(init=False)  # gpt-oss's built-in tools, run by --tool-server MCP servers
+    mcp_tool_lists: ToolListCache = field(init=False, default_factory=ToolListCache)  # across response chains
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
+        if self.metrics is None:
+            self.metrics = Metrics(self.config.served_model_name, self.engine.name, self.config.max_model_len)
         self.renderer = Renderer(self.vocab, ToolCatalog(self.config.max_tools, self.config.max_tools_schema_bytes))
         self.jobs = BackgroundJobs(self.responses) if self.responses is not None else None
+        self.mcp_allow = McpAllowList(self.config.mcp_allow)
+        self.tool_servers = ToolServers(self.config.tool_servers)
 
     def check_model(self, model: object) -> None:
         if model != self.config.served_model_name:

@@ -25,6 +25,9 @@ import uvicorn
 from starlette.applications import Starlette
 from uvicorn.supervisors import Multiprocess
 
+from proxy.access_log import configure_logging
+from proxy.metrics import MULTIPROCESS_ENV
+
 logger = logging.getLogger("harmony_proxy")
 ARGV_ENV = "HARMONY_PROXY_WORKER_ARGV"  # the command line, as JSON, for workers to rebuild the server from
 ENGINE_SOCKET_ENV = "HARMONY_PROXY_ENGINE_SOCKET"  # the trtllm engine host's socket, when there is one
@@ -34,6 +37,7 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str) -
     from proxy.cli import uvicorn_options
 
     os.environ[ARGV_ENV] = json.dumps(argv)
+    metrics_dir = _metrics_folder()
     host, socket_path = None, Path()
     if engine_name == "trtllm":
         socket_path = Path(tempfile.mkdtemp(prefix="harmony-proxy-")) / "engine.sock"
@@ -53,6 +57,8 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str) -
             if host.is_alive():
                 host.kill()
             shutil.rmtree(socket_path.parent, ignore_errors=True)
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def worker_app() -> Starlette:
@@ -61,7 +67,7 @@ def worker_app() -> Starlette:
     from proxy.cli import build_parser, build_state, engine_choice, freeze_startup_objects
 
     args = build_parser().parse_args(json.loads(os.environ[ARGV_ENV]))
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     engine_name = engine_choice(args)
     engine = None
     if engine_name == "trtllm":
@@ -80,6 +86,19 @@ def _run_trtllm_host(argv: list[str], socket_path: str) -> None:
     from proxy.engines.trtllm import loaded_trtllm_engine
 
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.log_format)
     arguments = trtllm_arguments(args)
     run_engine_host(functools.partial(loaded_trtllm_engine, arguments), socket_path, args.log_level)
+
+
+def _metrics_folder() -> Path | None:
+    """Where the workers' metrics meet (prometheus-client's multi-process mode): a folder of our own, removed at
+    exit, so that no count outlives the server; None when the user named one, which is then theirs to clear."""
+    if os.environ.get(MULTIPROCESS_ENV):
+        logger.warning("%s is set: metrics go to %s, which must be emptied between runs", MULTIPROCESS_ENV,
+                       os.environ[MULTIPROCESS_ENV])
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="harmony-proxy-metrics-"))
+    os.environ[MULTIPROCESS_ENV] = str(folder)  # the workers, spawned after this, write their metrics there
+    logger.info("the workers' metrics are gathered in %s", folder)
+    return folder

@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any
 
+from proxy.request_record import run_detached
 from proxy.responses.run import ResponseRun
 from proxy.responses.store import UNFINISHED, ResponseStore, StoredResponse
 
@@ -51,7 +52,8 @@ class BackgroundJobs:
 
     def start(self, run: ResponseRun) -> None:
         """Run a response that was saved as queued (which made it this process's job)."""
-        task = asyncio.create_task(self._generate(run), name=f"response {run.id}")
+        # Measured and logged on its own: its POST was answered before it generates (proxy/request_record.py).
+        task = run_detached(self._generate(run), f"response {run.id}", "/v1/responses", "responses")
         self._running[run.id] = (task, run)
         task.add_done_callback(lambda _: self._running.pop(run.id, None))
 

@@ -121,9 +121,11 @@ _ABANDONED = """SELECT r.id, r.resource, r.input_items, coalesce(j.cancel_reques
 
 
 class SQLiteResponseStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_operation: Callable[[str, float, bool], None] | None = None) -> None:
+        """`on_operation(name, seconds, ok)` is told each operation's latency, queueing included (the metrics)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self._path = path
+        self._on_operation = on_operation
         self.owner = f"{os.getpid()}-{secrets.token_hex(6)}"  # unique even if a pid is reused
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-store")
         self._db = self._worker.submit(self._open).result()
@@ -137,15 +139,24 @@ class SQLiteResponseStore:
                 db.execute(statement)
         return db
 
-    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._worker, work, self._db)
+    async def _run(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        started = time.perf_counter()
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._worker, work, self._db)
+        except Exception:
+            if self._on_operation is not None:
+                self._on_operation(operation, time.perf_counter() - started, False)
+            raise
+        if self._on_operation is not None:
+            self._on_operation(operation, time.perf_counter() - started, True)
+        return result
 
     async def save(self, record: StoredResponse) -> None:
         def write(db: sqlite3.Connection) -> None:
             with _transaction(db):
                 self._write(db, record)
 
-        await self._run(write)
+        await self._run("save", write)
 
     async def save_owned(self, record: StoredResponse) -> bool:
         def write(db: sqlite3.Connection) -> bool:
@@ -156,7 +167,7 @@ class SQLiteResponseStore:
                     self._write(db, record)
                 return owned is not None
 
-        return await self._run(write)
+        return await self._run("save", write)
 
     def _write(self, db: sqlite3.Connection, record: StoredResponse) -> None:
         resource = record.resource
@@ -185,7 +196,7 @@ class SQLiteResponseStore:
         def read(db: sqlite3.Connection) -> tuple[str, str] | None:
             return db.execute("SELECT resource, input_items FROM responses WHERE id = ?", (response_id,)).fetchone()
 
-        row = await self._run(read)
+        row = await self._run("load", read)
         return StoredResponse(json.loads(row[0]), json.loads(row[1])) if row else None
 
     async def delete(self, response_id: str) -> bool:
@@ -195,7 +206,7 @@ class SQLiteResponseStore:
                 db.execute("DELETE FROM jobs WHERE response_id = ?", (response_id,))
                 return db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
 
-        return await self._run(remove)
+        return await self._run("delete", remove)
 
     async def history(self, response_id: str) -> list[dict[str, Any]] | None:
         def read(db: sqlite3.Connection) -> list[tuple[str, str]]:
@@ -210,7 +221,7 @@ class SQLiteResponseStore:
                 (response_id,),
             ).fetchall()
 
-        rows = await self._run(read)
+        rows = await self._run("history", read)
         if not rows:
             return None
         items: list[dict[str, Any]] = []
@@ -231,23 +242,24 @@ class SQLiteResponseStore:
                 db.execute("COMMIT")
             return rows
 
-        return {item_id: json.loads(item) for item_id, item in await self._run(read)} if item_ids else {}
+        return {item_id: json.loads(item) for item_id, item in await self._run("items", read)} if item_ids else {}
 
     async def request_cancel(self, response_id: str) -> bool:
         def write(db: sqlite3.Connection) -> bool:
             return db.execute("UPDATE jobs SET cancel_requested = 1 WHERE response_id = ?", (response_id,)).rowcount > 0
 
-        return await self._run(write)
+        return await self._run("request_cancel", write)
 
     async def cancel_requests(self) -> list[str]:
         def read(db: sqlite3.Connection) -> list[tuple[str]]:
             return db.execute("SELECT response_id FROM jobs WHERE owner = ? AND cancel_requested",
                               (self.owner,)).fetchall()
 
-        return [row[0] for row in await self._run(read)]
+        return [row[0] for row in await self._run("cancel_requests", read)]
 
     async def renew(self) -> None:
-        await self._run(lambda db: db.execute("UPDATE jobs SET heartbeat = ? WHERE owner = ?", (time.time(), self.owner)))
+        await self._run("renew", lambda db: db.execute("UPDATE jobs SET heartbeat = ? WHERE owner = ?",
+                                                       (time.time(), self.owner)))
 
     async def end_abandoned(self, lease: float, end: Callable[[StoredResponse, bool], None]) -> list[str]:
         def sweep(db: sqlite3.Connection) -> list[str]:
@@ -262,14 +274,14 @@ class SQLiteResponseStore:
                     self._write(db, record)
             return [row[0] for row in rows]
 
-        return await self._run(sweep)
+        return await self._run("end_abandoned", sweep)
 
     async def close(self) -> None:
         def release(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM jobs WHERE owner = ?", (self.owner,))
             db.close()
 
-        await self._run(release)
+        await self._run("close", release)
         self._worker.shutdown(wait=True)
 
 
