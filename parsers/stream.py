@@ -5,6 +5,7 @@ same events, merged, for any split of the same token stream. It never raises on 
 a special token or header text into an item's text. It recovers from what gpt-oss really writes:
 
 - the header in any order (`to=` before or after `<|channel|>`), any content type or none, no channel;
+- `<|channel|>` written twice in one header: the later channel decides (`parsers/header.py`);
 - a missing or repeated `<|start|>assistant`;
 - `<|start|>` or `<|channel|>` inside a message body: an implicit end of that message;
 - text with no header at all: final content;

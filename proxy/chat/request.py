@@ -8,6 +8,8 @@ Decisions (documented in the README):
 - Content given as a list of text parts is joined with newlines.
 - An assistant message with `tool_calls` renders as analysis, then its content as a commentary preamble, then
   the calls; without calls its content is a final answer. `reasoning_content` and `reasoning` are both read.
+- What SDKs add to the messages they send back is ignored (schema.ASSISTANT_ANNOTATIONS, a tool message's `name`,
+  a tool call's `index`); `audio`, `function_call` and `images` on a message are accepted only when null.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from parsers.conversation import (
     ToolResult,
     UserMessage,
 )
-from proxy.chat.schema import CHAT_REQUEST, MESSAGES, NEUTRAL, UNSUPPORTED
+from proxy.chat.schema import CHAT_REQUEST, MESSAGE_NULL_ONLY, MESSAGES, NEUTRAL, UNSUPPORTED
 from proxy.engines.base import OutputConstraint
 from proxy.errors import invalid_request
 from proxy.options import GenerationOptions, reasoning_effort
@@ -61,8 +63,10 @@ def parse_chat_request(body: dict[str, Any], default_effort: str, tools: ToolCat
     catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
     check_tool_types(body.get("tools"), catalog)
+    _refuse_tool_choice_types(body.get("tool_choice"))
     check(body, _REQUEST)
     for position, message in enumerate(body["messages"]):
+        _refuse_null_only(message, f"messages[{position}]")
         check(message, _MESSAGE[message["role"]], f"messages[{position}]")
     for name, (neutral, reason) in NEUTRAL.items():
         if body.get(name) not in (None, neutral):
@@ -123,6 +127,25 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
             "`max_tokens` and `max_completion_tokens` differ; send one of them.", param="max_completion_tokens"
         )
     return current if current is not None else legacy
+
+
+def _refuse_null_only(message: dict[str, Any], where: str) -> None:
+    for name, reason in MESSAGE_NULL_ONLY.items():
+        if message.get(name) not in (None, [], {}):
+            raise invalid_request(f"`{where}.{name}` is not supported: {reason}.", param=f"{where}.{name}",
+                                  code="unsupported_parameter")
+
+
+def _refuse_tool_choice_types(value: Any) -> None:
+    """tool_choice objects other than a named function (`allowed_tools`, `custom`): a 400 naming the type."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if isinstance(kind, str) and kind != "function":
+        raise invalid_request(
+            f"tool_choice type {kind!r} is not supported: send only the tools the model may call, with tool_choice "
+            "'auto', 'required', 'none' or a function.",
+            param="tool_choice.type",
+            code="unsupported_parameter",
+        )
 
 
 def _tool_choice(value: Any, tools: list[FunctionTool]) -> ToolChoice:

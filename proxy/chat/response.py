@@ -113,6 +113,7 @@ class ChatTurn:
         message: dict[str, Any] = {
             "role": "assistant",
             "content": content or (None if self._calls else ""),
+            "refusal": None,  # required by the spec; gpt-oss has no refusal channel, it refuses in its answer
             self._reasoning_field: "".join(self._reasoning) or None,
         }
         if self._calls:

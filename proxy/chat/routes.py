@@ -21,7 +21,7 @@ from proxy.options import generation_request
 from proxy.sse import DONE, EventStream, data_frame
 from proxy.state import ServerState
 
-_ROLE = {"role": "assistant", "content": ""}  # the first delta, as OpenAI sends it
+_ROLE = {"role": "assistant", "content": "", "refusal": None}  # the first delta, as OpenAI sends it
 
 
 async def chat_completions(request: Request) -> Response:

@@ -2,6 +2,7 @@
 
 Every field OpenAI documents is either here (and honoured, or harmless to accept), or in UNSUPPORTED with the
 reason it is refused. Anything else is "Unrecognized request argument supplied", as OpenAI answers.
+tests/test_spec_fields.py sends every field of the installed openai SDK's request types to prove it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from typing import Any
 
 EFFORT = {"enum": ["low", "medium", "high", None]}
 _NULLABLE_BOOL = {"type": ["boolean", "null"]}
+# Prompt-caching hints on a content part: the engine's prefix cache needs none, so they are ignored.
+_CACHE_HINT = {"type": ["object", "null"]}
 _TEXT_PART = {
     "type": "object",
     "required": ["type", "text"],
-    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}, "prompt_cache_breakpoint": _CACHE_HINT},
     "additionalProperties": False,
 }
 _TEXT_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}
@@ -31,11 +34,40 @@ _TOOL_CALL = {
         "function": {
             "type": "object",
             "required": ["name", "arguments"],
-            "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+            "properties": {
+                "name": {"type": "string"},
+                "arguments": {"type": "string"},
+                "parsed_arguments": {},  # openai-python's parse and stream helpers: `arguments`, decoded
+            },
             "additionalProperties": False,
         },
+        # Ignored: the call's position in a stream (openai-python's stream helpers keep it), and the AI SDK's
+        # Gemini thought signature.
+        "index": {"type": ["integer", "null"]},
+        "extra_content": {"type": ["object", "null"]},
     },
     "additionalProperties": False,
+}
+
+# What SDKs add to the assistant messages they send back: accepted and ignored, since the message's content,
+# reasoning and tool calls say everything the prompt needs. openai-python's `model_dump()` of a
+# ChatCompletionMessage writes `annotations` (web search citations) and `parsed` (from `.parse()` and the stream
+# helpers: the content, decoded); LiteLLM's Message adds `provider_specific_fields`, `thinking_blocks` and
+# `reasoning_items` (copies of the reasoning, which is read from `reasoning_content` or `reasoning`).
+ASSISTANT_ANNOTATIONS: dict[str, Any] = {
+    "annotations": {"type": ["array", "null"]},
+    "parsed": {},
+    "provider_specific_fields": {"type": ["object", "null"]},
+    "thinking_blocks": {"type": ["array", "null"]},
+    "reasoning_items": {"type": ["array", "null"]},
+}
+
+# Fields of an incoming message accepted only when null (or empty), as SDKs write them; with a value, they would
+# put into the conversation something gpt-oss cannot read, so they are a 400 saying why (request.py).
+MESSAGE_NULL_ONLY = {
+    "audio": "gpt-oss produces text only, so an earlier audio answer cannot be referenced",
+    "function_call": "send the call in `tool_calls` instead of the deprecated `function_call`",
+    "images": "gpt-oss takes text only",
 }
 
 
@@ -76,9 +108,18 @@ MESSAGES = {
             "tool_calls": {"type": ["array", "null"], "items": _TOOL_CALL},
             "reasoning_content": {"type": ["string", "null"]},
             "reasoning": {"type": ["string", "null"]},
+            **ASSISTANT_ANNOTATIONS,
+            "audio": {"type": ["object", "null"]},
+            "function_call": {"type": ["object", "null"]},
+            "images": {"type": ["array", "null"]},
         },
     ),
-    "tool": _message("tool", ["content", "tool_call_id"], {"content": _TEXT_CONTENT, "tool_call_id": {"type": "string"}}),
+    # `name` (LiteLLM, vLLM's own examples) is ignored: the call's name comes from `tool_call_id`.
+    "tool": _message(
+        "tool",
+        ["content", "tool_call_id"],
+        {"content": _TEXT_CONTENT, "tool_call_id": {"type": "string"}, "name": {"type": ["string", "null"]}},
+    ),
 }
 
 _TOOL = {
@@ -122,6 +163,29 @@ _RESPONSE_FORMAT = {
 }
 
 _TEMPLATE_ARGS = {"type": ["object", "null"], "properties": {"reasoning_effort": EFFORT}, "additionalProperties": False}
+
+# The spec's tiers. Every request is served the one way this server has, which the response reports as "default"
+# (the spec: the tier "actually used", which "may be different from the value set in the parameter").
+SERVICE_TIERS = ["auto", "default", "flex", "scale", "priority", "fast"]
+
+# Fields OpenAI documents that this server cannot honour: with a value, a 400 that says why, never a silent drop;
+# null is accepted, as SDKs write it.
+UNSUPPORTED = {
+    "audio": "gpt-oss produces text only",
+    "functions": "use `tools` instead of the deprecated `functions`",
+    "function_call": "use `tool_choice` instead of the deprecated `function_call`",
+    "web_search_options": "built-in web search is not offered; declare a function tool instead",
+    "moderation": "no moderation model runs here; moderate input and output in your application",
+}
+
+# Neutral values of fields we accept but cannot vary.
+NEUTRAL = {
+    "frequency_penalty": (0, "frequency penalties are not supported"),
+    "presence_penalty": (0, "presence penalties are not supported"),
+    "logprobs": (False, "log probabilities are not supported"),
+    "top_logprobs": (0, "log probabilities are not supported"),
+    "verbosity": ("medium", "gpt-oss has no verbosity control"),
+}
 
 CHAT_REQUEST: dict[str, Any] = {
     "type": "object",
@@ -183,13 +247,18 @@ CHAT_REQUEST: dict[str, Any] = {
         "chat_template_kwargs": _TEMPLATE_ARGS,
         "chat_template_args": _TEMPLATE_ARGS,
         "response_format": {"anyOf": [{"type": "null"}, _RESPONSE_FORMAT]},
-        # Accepted and harmless: they describe the caller or ask for OpenAI-side features with no effect here.
+        # Accepted and harmless: they describe the caller or ask for OpenAI-side features with no effect here
+        # (caching hints: the engine's prefix cache works unasked; `prediction` only speeds up OpenAI's decoding,
+        # and the answer is the same without it).
         "user": {"type": ["string", "null"]},
         "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
         "store": _NULLABLE_BOOL,
-        "service_tier": {"type": ["string", "null"]},
+        "service_tier": {"enum": [*SERVICE_TIERS, None]},
         "safety_identifier": {"type": ["string", "null"]},
         "prompt_cache_key": {"type": ["string", "null"]},
+        "prompt_cache_retention": {"type": ["string", "null"]},
+        "prompt_cache_options": {"type": ["object", "null"]},
+        "prediction": {"type": ["object", "null"]},
         "modalities": {"type": ["array", "null"], "items": {"const": "text"}},
         # Accepted only at their neutral values (checked in request.py).
         "frequency_penalty": {"type": ["number", "null"]},
@@ -197,24 +266,9 @@ CHAT_REQUEST: dict[str, Any] = {
         "logprobs": _NULLABLE_BOOL,
         "top_logprobs": {"type": ["integer", "null"]},
         "logit_bias": {"type": ["object", "null"]},
+        "verbosity": {"enum": ["low", "medium", "high", None]},
+        # Accepted only as null (refused with a value before the schema is checked).
+        **{name: {"type": "null"} for name in UNSUPPORTED},
     },
     "additionalProperties": False,
-}
-
-# Fields OpenAI documents that this server cannot honour: a 400 that says why, never a silent drop.
-UNSUPPORTED = {
-    "audio": "gpt-oss produces text only",
-    "prediction": "predicted outputs are not supported",
-    "functions": "use `tools` instead of the deprecated `functions`",
-    "function_call": "use `tool_choice` instead of the deprecated `function_call`",
-    "web_search_options": "built-in web search is not offered; declare a function tool instead",
-    "verbosity": "gpt-oss has no verbosity control",
-}
-
-# Neutral values of fields we accept but cannot vary.
-NEUTRAL = {
-    "frequency_penalty": (0, "frequency penalties are not supported"),
-    "presence_penalty": (0, "presence penalties are not supported"),
-    "logprobs": (False, "log probabilities are not supported"),
-    "top_logprobs": (0, "log probabilities are not supported"),
 }

@@ -76,7 +76,9 @@ def parse_responses_request(
     catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
     check_tool_types(body.get("tools"), catalog)
+    _refuse_tool_choice_types(body.get("tool_choice"))
     check(body, _REQUEST)
+    _refuse_unhonoured(body)
     store, background = body.get("store") is not False, bool(body.get("background"))
     if background and not store:
         raise invalid_request("`background` responses must be stored: send `store: true`.", param="background")
@@ -149,6 +151,48 @@ def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: 
     return Prompt(conversation, offered, request.effort, request.response_format)
 
 
+def _refuse_tool_choice_types(value: Any) -> None:
+    """tool_choice objects other than a named function (`allowed_tools`, built-in tools, ...): a 400 naming the type."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if isinstance(kind, str) and kind != "function":
+        raise invalid_request(
+            f"tool_choice type {kind!r} is not supported: send only the tools the model may call, with tool_choice "
+            "'auto', 'required', 'none' or a function.",
+            param="tool_choice.type",
+            code="unsupported_parameter",
+        )
+
+
+def _refuse_unhonoured(body: dict[str, Any]) -> None:
+    """Documented values that would change the answer in a way this server cannot: a 400 that says why."""
+    reasoning, text, include = body.get("reasoning") or {}, body.get("text") or {}, body.get("include") or []
+    mode, verbosity = reasoning.get("mode"), text.get("verbosity")
+    logprobs = include.index("message.output_text.logprobs") if "message.output_text.logprobs" in include else -1
+    refused = [
+        (f"include[{logprobs}]", logprobs >= 0,
+         "Log probabilities are not supported: leave 'message.output_text.logprobs' out of `include`."),
+        ("prompt_cache_options.prewarm", (body.get("prompt_cache_options") or {}).get("prewarm") is True,
+         "`prompt_cache_options.prewarm` is not supported: every request generates here."),
+        ("reasoning.context", reasoning.get("context") == "all_turns",
+         "`reasoning.context` 'all_turns' is not supported: gpt-oss is trained to see this turn's reasoning only."),
+        ("reasoning.mode", mode not in (None, "standard"),
+         f"`reasoning.mode` {mode!r} is not supported: gpt-oss has one mode, 'standard'; set `reasoning.effort`."),
+        ("text.verbosity", verbosity not in (None, "medium"),
+         f"`text.verbosity` {verbosity!r} is not supported: gpt-oss has no verbosity control; leave it 'medium'."),
+    ]
+    for position, tool in enumerate(body.get("tools") or []):
+        callers = tool.get("allowed_callers")
+        refused += [
+            (f"tools[{position}].allowed_callers", callers is not None and "direct" not in callers,
+             "Programmatic tool calling is not offered: the model calls functions directly; allow 'direct'."),
+            (f"tools[{position}].async", tool.get("async") is True,
+             "Asynchronous function calls are not supported: a call ends the model's turn until its output is sent."),
+        ]
+    for param, is_refused, message in refused:
+        if is_refused:
+            raise invalid_request(message, param=param, code="unsupported_parameter")
+
+
 def _input_list(raw: Any) -> list[Any]:
     if raw is None:
         return []
@@ -164,6 +208,9 @@ def _normalize(item: Any, position: int) -> dict[str, Any]:
     kind = item.get("type") or ("message" if "role" in item else "item_reference")
     if not isinstance(kind, str) or kind not in _ITEM:
         raise invalid_request(f"Input item type {kind!r} is not supported.", param=f"{where}.type", code="invalid_value")
+    if kind in ("function_call", "function_call_output") and item.get("namespace") is not None:
+        raise invalid_request("Namespaced tools are not supported: calls and their outputs belong to functions.",
+                              param=f"{where}.namespace", code="unsupported_parameter")
     check({**item, "type": kind}, _ITEM[kind], where)
     item = {**item, "type": kind}
     if kind == "item_reference":

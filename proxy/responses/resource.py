@@ -59,7 +59,7 @@ def response_object(
         "max_tool_calls": body.get("max_tool_calls"),
         "store": stored,
         "background": request.background,
-        "service_tier": body.get("service_tier") or "default",
+        "service_tier": "default",  # the tier actually used, whatever was asked (the spec allows them to differ)
         "metadata": body.get("metadata") or {},
         "safety_identifier": body.get("safety_identifier"),
         "prompt_cache_key": body.get("prompt_cache_key"),
@@ -77,6 +77,8 @@ def _usage(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:
         "input_tokens": usage.prompt_tokens,
         "output_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens or 0},
+        # Nothing is written to a cache on request (prompt caching here is the engine's own prefix cache); the
+        # field is required by the spec and by openai-python's types.
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens or 0, "cache_write_tokens": 0},
         "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }

@@ -1,4 +1,8 @@
-"""The JSON Schema of the Responses requests we accept, and of each kind of input item."""
+"""The JSON Schema of the Responses requests we accept, and of each kind of input item.
+
+As for Chat Completions (proxy/chat/schema.py), every field OpenAI documents is here, accepted (honoured or
+harmless) or refused with a reason; tests/test_spec_fields.py sends every field of the openai SDK's types.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ ITEMS: dict[str, dict[str, Any]] = {
         "encrypted_content": {"type": ["string", "null"]},
         "status": _STATUS,
     }),
+    # `caller` (how the call was made) and `async` are ignored: the call renders the same. openai-python's
+    # model_dump() of a ResponseFunctionToolCall writes `async` as `async_`. `namespace` is accepted only when null.
     "function_call": _object(["call_id", "name", "arguments"], {
         "type": {"const": "function_call"},
         "id": _STRING,
@@ -43,13 +49,21 @@ ITEMS: dict[str, dict[str, Any]] = {
         "name": _STRING,
         "arguments": _STRING,
         "status": _STATUS,
+        "caller": {"type": ["object", "null"]},
+        "async": _NULLABLE_BOOL,
+        "async_": _NULLABLE_BOOL,
+        "namespace": {"type": "null"},
     }),
+    # `name` is ignored: the output belongs to the call its `call_id` names.
     "function_call_output": _object(["call_id", "output"], {
         "type": {"const": "function_call_output"},
-        "id": _STRING,
+        "id": {"type": ["string", "null"]},
         "call_id": {"type": "string", "minLength": 1},
         "output": {"anyOf": [_STRING, {"type": "array", "items": _PART}]},
         "status": _STATUS,
+        "caller": {"type": ["object", "null"]},
+        "name": {"type": ["string", "null"]},
+        "namespace": {"type": "null"},
     }),
     "item_reference": _object(["id"], {"type": {"const": "item_reference"}, "id": _STRING}),
 }
@@ -67,16 +81,36 @@ _FORMAT = {
     "additionalProperties": False,
 }
 
+# The spec's tiers; every request is served, and reported, as "default" (see proxy/chat/schema.py).
+SERVICE_TIERS = ["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
+INCLUDABLE = ["file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+              "message.input_image.image_url", "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+              "reasoning.encrypted_content", "message.output_text.logprobs"]
+
+# Fields the Responses API documents that this server cannot honour: with a value, a 400 that says why.
+UNSUPPORTED = {
+    "prompt": "reusable prompt templates are not supported; send `instructions` and `input`",
+    "conversation": "conversation objects are not supported; use `previous_response_id`",
+    "context_management": "server-side context management is not supported",
+    "moderation": "no moderation model runs here; moderate input and output in your application",
+}
+
 RESPONSES_REQUEST: dict[str, Any] = _object([], {
     "model": _STRING,
     "input": {"anyOf": [_STRING, {"type": "array", "items": {"type": "object"}}]},
     "instructions": {"type": ["string", "null"]},
+    # `defer_loading` (load through tool search) and `output_schema` are ignored: every tool is declared up front,
+    # and what the function returns is the client's business. `allowed_callers` and `async` are checked in request.py.
     "tools": {"type": ["array", "null"], "items": _object(["type", "name"], {
         "type": {"const": "function"},
         "name": _STRING,
         "description": {"type": ["string", "null"]},
         "parameters": {"type": ["object", "null"]},
         "strict": _NULLABLE_BOOL,
+        "defer_loading": _NULLABLE_BOOL,
+        "output_schema": {"type": ["object", "null"]},
+        "allowed_callers": {"type": ["array", "null"], "items": {"enum": ["direct", "programmatic"]}},
+        "async": _NULLABLE_BOOL,
     })},
     "tool_choice": {"anyOf": [
         {"enum": ["none", "auto", "required", None]},
@@ -88,13 +122,15 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
         "effort": {"enum": ["low", "medium", "high", None]},
         "summary": {"enum": ["auto", "concise", "detailed", None]},
         "generate_summary": {"enum": ["auto", "concise", "detailed", None]},
+        "context": {"enum": ["auto", "current_turn", "all_turns", None]},  # all_turns refused in request.py
+        "mode": {"type": ["string", "null"]},  # only "standard" (request.py)
     }, "additionalProperties": False},
     "max_output_tokens": {"type": ["integer", "null"], "minimum": 1},
     "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
     "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
     "text": {"type": ["object", "null"], "properties": {
         "format": {"anyOf": [{"type": "null"}, _FORMAT]},
-        "verbosity": {"enum": ["medium", None]},
+        "verbosity": {"enum": ["low", "medium", "high", None]},  # only "medium" (request.py)
     }, "additionalProperties": False},
     "metadata": {"type": ["object", "null"], "maxProperties": 16, "additionalProperties": _STRING},
     "store": _NULLABLE_BOOL,
@@ -104,19 +140,23 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
                        "additionalProperties": False},
     "background": _NULLABLE_BOOL,
     "truncation": {"enum": ["disabled", None]},
-    "include": {"type": ["array", "null"], "items": {"const": "reasoning.encrypted_content"}},
+    # Outputs of built-in tools are never produced here, so asking for them includes nothing; logprobs are refused
+    # in request.py.
+    "include": {"type": ["array", "null"], "items": {"enum": INCLUDABLE}},
     "user": {"type": ["string", "null"]},
     "safety_identifier": {"type": ["string", "null"]},
     "prompt_cache_key": {"type": ["string", "null"]},
-    "service_tier": {"type": ["string", "null"]},
+    "service_tier": {"enum": [*SERVICE_TIERS, None]},
     "top_logprobs": {"enum": [0, None]},
     "presence_penalty": {"enum": [0, None]},
     "frequency_penalty": {"enum": [0, None]},
+    # Accepted and ignored: caching hints (the engine's prefix cache works unasked; `prewarm` is refused in
+    # request.py), and OpenAI's own scheduling, access and image options, which mean nothing here.
+    "prompt_cache_retention": {"type": ["string", "null"]},
+    "prompt_cache_options": {"type": ["object", "null"]},
+    "background_options": {"type": ["object", "null"]},
+    "access_programs": {"type": ["object", "null"]},
+    "image": {"type": ["object", "null"]},
+    # Accepted only as null (refused with a value before the schema is checked).
+    **{name: {"type": "null"} for name in UNSUPPORTED},
 })
-
-# Fields the Responses API documents that this server cannot honour: a 400 that says why.
-UNSUPPORTED = {
-    "prompt": "reusable prompt templates are not supported; send `instructions` and `input`",
-    "conversation": "conversation objects are not supported; use `previous_response_id`",
-    "context_management": "server-side context management is not supported",
-}
