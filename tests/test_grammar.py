@@ -34,6 +34,12 @@ MALFORMED = {
     "browser_search_not_user_tool": "a call to an undeclared built-in tool",
     "implicit_end_by_channel": "a message with no <|end|>",
     "stray_special_tokens": "special tokens inside a message",
+    # The parser reads a header that restates its channel (the later one decides); a grammar need not let the
+    # model write one: it steers to the canonical header.
+    "issue9_commentary_to_assistant_restated_as_analysis": "a header that repeats <|channel|>",
+    "vllm32587_recipient_then_restated_commentary": "a header that repeats <|channel|>",
+    "restated_channel_recipient_given_again": "a header that repeats <|channel|>",
+    "restated_channel_analysis_then_final": "a header that repeats <|channel|>",
 }
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
                   "required": ["city"], "additionalProperties": False}
