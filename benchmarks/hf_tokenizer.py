@@ -23,19 +23,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone, not an installed package
 
-from parsers.vocab import Vocab, load_vocab
+from parsers.vocab import O200K_PATTERN, Vocab, load_vocab
 
-# o200k_base's pre-tokenizer, copied from tiktoken_ext/openai_public.py (o200k_harmony uses the same one).
-_O200K_PARTS = (
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-)
-O200K_PATTERN = "|".join(_O200K_PARTS)
 MODEL_MAX_LENGTH = 131072
 
 # Text the check encodes both ways: prose, code, numbers, whitespace runs, contractions, non-Latin scripts,

@@ -21,6 +21,18 @@ from pathlib import Path
 
 from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
 
+# The o200k pre-tokenizer split (tiktoken's o200k_base `pat_str`), which the Harmony encoding shares.
+_O200K_PIECES = (
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+)
+O200K_PATTERN = "|".join(_O200K_PIECES)
+
 VOCAB_FILE_NAME = "o200k_base.tiktoken"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 BUNDLED_VOCAB = Path(__file__).parent / "data" / (VOCAB_FILE_NAME + ".gz")

@@ -19,23 +19,11 @@ import llguidance
 import llguidance.tiktoken
 import tiktoken
 
-from parsers.vocab import Vocab
+from parsers.vocab import O200K_PATTERN, Vocab
 from tools.cache import BoundedCache, CacheStats
 from tools.grammar import OutputGrammar
 
 logger = logging.getLogger("harmony_proxy.grammar")
-
-# The o200k pre-tokenizer split (tiktoken's o200k_base `pat_str`), which the Harmony encoding shares.
-_O200K_PIECES = (
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-)
-O200K_PATTERN = "|".join(_O200K_PIECES)
 
 
 class GrammarError(ValueError):
