@@ -53,7 +53,29 @@ class ToolResult:
     output: str
 
 
-Item = Instructions | UserMessage | Reasoning | AssistantMessage | ToolCall | ToolResult
+@dataclass(frozen=True)
+class ServerToolCall:
+    """A call the server ran for the model itself: to an MCP server's namespace (`weather.get_forecast`) or to a
+    built-in tool (`browser.search`, `python`), written back as the model writes it. `content_type` "json" is
+    written ` <|constrain|>json`, "code" ` code` (the python tool's code), None nothing."""
+
+    recipient: str
+    arguments: str
+    channel: str = "commentary"
+    content_type: str | None = "json"
+
+
+@dataclass(frozen=True)
+class ServerToolResult:
+    """What such a call returned, as the tool's message to the assistant on the call's channel."""
+
+    recipient: str
+    output: str
+    channel: str = "commentary"
+
+
+Item = (Instructions | UserMessage | Reasoning | AssistantMessage | ToolCall | ToolResult | ServerToolCall
+        | ServerToolResult)
 
 
 @dataclass(frozen=True)
@@ -77,3 +99,6 @@ class Prompt:
     tools: list[FunctionTool] = field(default_factory=list)  # offered to the model (none when tool_choice=none)
     reasoning_effort: str = "medium"
     response_format: ResponseFormat | None = None
+    builtin_tools: tuple[str, ...] = ()  # gpt-oss's built-in tools (browser, python), declared in the system message
+    # Tool namespaces beside `functions` in the developer message (MCP servers): name -> its `## name` section text.
+    namespaces: dict[str, str] = field(default_factory=dict)

@@ -1,7 +1,8 @@
 """What the output parser reports: items start, grow by text, and end.
 
 An item is one Harmony message the client should see: reasoning (analysis), a message (final answer or a
-commentary preamble) or a function tool call. Indexes count emitted items from 0 in order.
+commentary preamble), a function tool call, or a call to a tool the server runs itself (a namespace the parser was
+given: an MCP server's, or gpt-oss's built-in `browser` and `python`). Indexes count emitted items from 0 in order.
 
 Items never overlap: one starts only after the previous one is done. So a text delta needs no index, and is
 simply a `str` that belongs to the item started last. That keeps the hot path free of allocations: the text of
@@ -18,29 +19,33 @@ class ItemKind(enum.Enum):
     FINAL = "final"  # the answer
     PREAMBLE = "preamble"  # commentary with no recipient: user-visible text before tool calls
     TOOL_CALL = "tool_call"  # addressed to functions.NAME; the text is the arguments
+    SERVER_CALL = "server_call"  # addressed to a server-side tool (name: the whole recipient); the text is its input
 
 
 class ItemStarted:
-    __slots__ = ("index", "kind", "name")
+    __slots__ = ("channel", "index", "kind", "name")
 
-    def __init__(self, index: int, kind: ItemKind, name: str | None = None) -> None:
+    def __init__(self, index: int, kind: ItemKind, name: str | None = None, channel: str | None = None) -> None:
         self.index = index
         self.kind = kind
-        self.name = name  # the function name, for tool calls
+        self.name = name  # the function name, for tool calls; the recipient, for server calls
+        self.channel = channel  # the channel of a server call (its result is written back on it); else None
 
     def __repr__(self) -> str:
-        return f"ItemStarted({self.index}, {self.kind.name}, {self.name!r})"
+        channel = f", {self.channel!r}" if self.channel is not None else ""
+        return f"ItemStarted({self.index}, {self.kind.name}, {self.name!r}{channel})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ItemStarted) and (self.index, self.kind, self.name) == (
+        return isinstance(other, ItemStarted) and (self.index, self.kind, self.name, self.channel) == (
             other.index,
             other.kind,
             other.name,
+            other.channel,
         )
 
 
 class ItemDone:
-    __slots__ = ("index", "complete", "token_count")
+    __slots__ = ("complete", "index", "token_count")
 
     def __init__(self, index: int, complete: bool, token_count: int) -> None:
         self.index = index

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from functools import partial
 from typing import NamedTuple
 
@@ -52,6 +52,8 @@ from parsers.conversation import (
     Prompt,
     Reasoning,
     ResponseFormat,
+    ServerToolCall,
+    ServerToolResult,
     ToolCall,
     ToolResult,
     UserMessage,
@@ -104,7 +106,7 @@ class Renderer:
         self._declarations = ToolDeclarations()
         special = vocab.special
         self._start, self._end, self._message = special.start, special.end, special.message
-        self._channel, self._call = special.channel, special.call
+        self._channel, self._call, self._constrain = special.channel, special.call, special.constrain
         self._open_assistant = (special.start, *vocab.encode("assistant"))
         self._call_header_end = [special.constrain, *vocab.encode("json"), special.message]
         self._developer_header = (special.start, *vocab.encode("developer"), special.message)
@@ -134,7 +136,9 @@ class Renderer:
     def _lookup(self, prompt: Prompt) -> list[tuple[int, ...] | _Part]:
         """The prompt as token pieces: known ones as tokens, the others as parts still to render."""
         leading, rest = _split_leading_instructions(prompt.items)
-        plan: list[tuple[int, ...] | _Part] = [self.system_message(prompt.reasoning_effort, bool(prompt.tools))]
+        has_tools = bool(prompt.tools or prompt.namespaces)
+        plan: list[tuple[int, ...] | _Part] = [
+            self.system_message(prompt.reasoning_effort, has_tools, prompt.builtin_tools)]
         plan += self._developer(leading, prompt)
         for item in _visible_history(rest):  # ~2 us an item when cached: a long conversation has many
             plan.append(self._cached(_key(item), _size(item), partial(self._item, item)))
@@ -175,19 +179,22 @@ class Renderer:
         docs/format.md, "Structured output": "at the end of the developer message")."""
         instructions = "\n\n".join(item.text for item in leading if item.text)
         response_format = prompt.response_format
-        if not instructions and not prompt.tools and response_format is None:
+        has_tools = bool(prompt.tools or prompt.namespaces)
+        if not instructions and not has_tools and response_format is None:
             return []
         pieces: list[tuple[int, ...] | _Part] = [self._developer_header]
         # Each piece ends in a line break before a '#', or in a letter before one: no token spans such a cut.
         if instructions:
-            text = "# Instructions\n\n" + instructions + ("\n\n" if prompt.tools or response_format else "")
+            text = "# Instructions\n\n" + instructions + ("\n\n" if has_tools or response_format else "")
             pieces.append(self._cached(("developer text", text), len(text), partial(self._encode, text)))
-        if prompt.tools:
+        if has_tools:
             keys = tuple(tool.key for tool in prompt.tools)
-            pieces.append(self._cached(("tools", keys), 2 * sum(map(len, keys)),
-                                       partial(self._tools_section, prompt.tools)))
+            namespaces = tuple(sorted(prompt.namespaces.items()))
+            size = 2 * sum(map(len, keys)) + sum(len(text) for _, text in namespaces)
+            pieces.append(self._cached(("tools", keys, namespaces), size,
+                                       partial(self._tools_section, prompt.tools, prompt.namespaces)))
         if response_format is not None:
-            text = ("\n\n" if prompt.tools else "") + _response_format_section(response_format)
+            text = ("\n\n" if has_tools else "") + _response_format_section(response_format)
             pieces.append(self._cached(("response format", text), len(text), partial(self._encode, text)))
         pieces.append((self._end,))
         return pieces
@@ -196,9 +203,15 @@ class Renderer:
         tokens = self._pieces.get(key)
         return tokens if tokens is not None else _Part(key, size, make)
 
-    def _tools_section(self, tools: Sequence[FunctionTool]) -> list[int]:
-        """`# Tools ... } // namespace functions` (tools/typescript.py; tool text was checked for long runs)."""
-        return self._encode(self._declarations.section(tools))
+    def _tools_section(self, tools: Sequence[FunctionTool], namespaces: Mapping[str, str]) -> list[int]:
+        """`# Tools ... } // namespace functions` (tools/typescript.py; tool text was checked for long runs), and
+        beside `functions` the other namespaces, all in name order as openai-harmony writes them."""
+        if not namespaces:
+            return self._encode(self._declarations.section(tools))
+        sections = dict(namespaces)
+        if tools:
+            sections["functions"] = self._declarations.section(tools).removeprefix("# Tools\n\n")
+        return self._encode("# Tools\n\n" + "\n\n".join(sections[name] for name in sorted(sections)))
 
     def _item(self, item: Item) -> list[int]:
         if isinstance(item, UserMessage):
@@ -211,6 +224,10 @@ class Renderer:
             return self._tool_call(item)
         if isinstance(item, ToolResult):
             return self._text_message(f"functions.{item.name} to=assistant", "commentary", item.output)
+        if isinstance(item, ServerToolCall):
+            return self._server_call(item)
+        if isinstance(item, ServerToolResult):
+            return self._text_message(f"{item.recipient} to=assistant", item.channel, item.output)
         return self._text_message("developer", None, "# Instructions\n\n" + item.text)  # Instructions
 
     def _text_message(self, header: str, channel: str | None, text: str) -> list[int]:
@@ -230,6 +247,17 @@ class Renderer:
             *self._encode(call.arguments),
             self._call,
         ]
+
+    def _server_call(self, call: ServerToolCall) -> list[int]:
+        """`<|start|>assistant<|channel|>{channel} to={recipient} <|constrain|>json<|message|>...<|call|>`, or
+        ` code` (the python tool) or nothing in place of the constraint."""
+        encode = self._vocab.encode
+        header = [*self._open_assistant, self._channel]
+        if call.content_type == "json":
+            header += [*encode(f"{call.channel} to={call.recipient} "), self._constrain, *encode("json")]
+        else:
+            header += encode(f"{call.channel} to={call.recipient}" + (f" {call.content_type}" if call.content_type else ""))
+        return [*header, self._message, *self._encode(call.arguments), self._call]
 
     def _encode(self, text: str) -> list[int]:
         return encode_in_pieces(self._vocab, text, _PIECE_CHARS)
@@ -270,13 +298,17 @@ def _key(item: Item) -> tuple[str | bool, ...]:
         return "call", item.name, item.arguments
     if isinstance(item, ToolResult):
         return "result", item.name, item.output
+    if isinstance(item, ServerToolCall):
+        return "server call", item.recipient, item.channel, item.content_type or "", item.arguments
+    if isinstance(item, ServerToolResult):
+        return "server result", item.recipient, item.channel, item.output
     return "instructions", item.text
 
 
 def _size(item: Item) -> int:
-    if isinstance(item, ToolCall):
+    if isinstance(item, (ToolCall, ServerToolCall)):
         return len(item.arguments)
-    if isinstance(item, ToolResult):
+    if isinstance(item, (ToolResult, ServerToolResult)):
         return len(item.output)
     return len(item.text)
 
@@ -297,12 +329,19 @@ def _response_format_section(response_format: ResponseFormat) -> str:
 
 
 def _visible_history(items: list[Item]) -> list[Item]:
-    """Drop reasoning except in a current turn whose tool loop has not reached a final answer."""
+    """Drop reasoning except in a current turn whose tool loop has not reached a final answer. Built-in tool calls
+    and their results on the analysis channel are chain of thought too: they go with it (as openai-harmony drops
+    every analysis message of a finished turn)."""
     last_user = max((i for i, item in enumerate(items) if isinstance(item, UserMessage)), default=-1)
     current = items[last_user + 1 :]
     loop_open = not any(isinstance(item, AssistantMessage) and not item.preamble for item in current)
     return [
         item
         for position, item in enumerate(items)
-        if not isinstance(item, Reasoning) or (loop_open and position > last_user)
+        if not _is_analysis(item) or (loop_open and position > last_user)
     ]
+
+
+def _is_analysis(item: Item) -> bool:
+    return isinstance(item, Reasoning) or (isinstance(item, (ServerToolCall, ServerToolResult))
+                                           and item.channel == "analysis")

@@ -10,7 +10,8 @@ a special token or header text into an item's text. It recovers from what gpt-os
 - `<|start|>` or `<|channel|>` inside a message body: an implicit end of that message;
 - text with no header at all: final content;
 - a malformed header, or one addressed to a namespace other than `functions` (`browser.search`, `python`):
-  that message is skipped whole, the rest is kept;
+  that message is skipped whole, the rest is kept; unless the namespace is one the parser was given (tools the
+  server runs: an MCP server's, or the built-in `browser` and `python` offered), whose messages are server calls;
 - output cut off anywhere: the open item ends incomplete, a half-written header is dropped.
 
 Cost per token does not grow with the message: a body token is one list lookup and one append (openai-harmony's
@@ -45,7 +46,9 @@ class _Mode(enum.Enum):
 class OutputParser:
     """Parses one assistant turn, from the token after the prompt's final `<|start|>assistant`."""
 
-    def __init__(self, vocab: Vocab) -> None:
+    def __init__(self, vocab: Vocab, namespaces: frozenset[str] = frozenset()) -> None:
+        """`namespaces`: recipients (`weather`, `browser`, `python`) whose messages are server calls."""
+        self._namespaces = namespaces
         self._token_text = vocab.token_text
         self._token_bytes = vocab.token_bytes
         self._text_token_count = vocab.text_token_count
@@ -190,21 +193,22 @@ class OutputParser:
 
     def _begin_body(self, events: list[Event]) -> None:
         header = parse_header([(marker, bytes(text).decode("utf-8", "replace")) for marker, text in self._segments])
-        target = _classify(header)
+        target = _classify(header, self._namespaces)
         if target is None:
             self._mode = _Mode.SKIP_BODY
         else:
-            self._open(target[0], target[1], events)
+            channel = header.channel if target[0] is ItemKind.SERVER_CALL and header is not None else None
+            self._open(target[0], target[1], events, channel)
 
     # -- items ---------------------------------------------------------------------------------------
 
-    def _open(self, kind: ItemKind, name: str | None, events: list[Event]) -> None:
+    def _open(self, kind: ItemKind, name: str | None, events: list[Event], channel: str | None = None) -> None:
         self._item, self._kind, self._item_tokens = self._next_index, kind, 0
         self._next_index += 1
         self._decoder.reset()
         self._pending = False
         self._mode = _Mode.BODY
-        events.append(ItemStarted(self._item, kind, name))
+        events.append(ItemStarted(self._item, kind, name, channel))
 
     def _flush(self, run: list[str], events: list[Event]) -> None:
         self._item_tokens += len(run)
@@ -235,8 +239,8 @@ class OutputParser:
         self._prefix_tokens = 0
 
 
-def _classify(header: Header | None) -> tuple[ItemKind, str | None] | None:
-    """What a message becomes: (kind, function name), or None to skip it."""
+def _classify(header: Header | None, namespaces: frozenset[str]) -> tuple[ItemKind, str | None] | None:
+    """What a message becomes: (kind, function name or server call recipient), or None to skip it."""
     if header is None:
         return None
     recipient = header.recipient
@@ -244,6 +248,8 @@ def _classify(header: Header | None) -> tuple[ItemKind, str | None] | None:
         return _CHANNEL_KINDS.get(header.channel or "final", ItemKind.FINAL), None
     if recipient.startswith(_FUNCTIONS) and len(recipient) > len(_FUNCTIONS):
         return ItemKind.TOOL_CALL, recipient[len(_FUNCTIONS) :]
+    if namespaces and recipient.partition(".")[0] in namespaces:
+        return ItemKind.SERVER_CALL, recipient
     # Built-in tools (browser.*, python, container.*) and other namespaces were not offered by this server:
     # their payload must neither leak nor become a call to a user function of the same short name.
     return None

@@ -3,7 +3,8 @@
 The access line is written from the request's record when the request ends (`proxy/request_record.py`): id,
 route, status, model, token counts, time to first token, duration, finish reason, and whether the client left
 early. It never holds a prompt or a key; with `--log-requests` a separate line holds the request's body and
-headers, never its `Authorization` (nor other credential headers).
+headers, never its `Authorization` (nor other credential headers), nor the secrets a Responses request carries
+for MCP servers (`tools[*].headers` values and `tools[*].authorization`: `redact_body`).
 
 `--log-format json` writes every line of the server (uvicorn's too) as one JSON object.
 """
@@ -17,6 +18,7 @@ import time
 from typing import Any
 
 from proxy.request_record import RequestRecord, current_record
+from proxy.server_tools.headers import REDACTED
 
 access_logger = logging.getLogger("harmony_proxy.access")
 requests_logger = logging.getLogger("harmony_proxy.requests")
@@ -24,6 +26,7 @@ LOG_FORMATS = ("text", "json")
 MAX_LOGGED_BODY = 1 << 20  # --log-requests: longer bodies are cut here
 SECRET_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"})
 QUIET_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapes: logged at debug level
+_UNREADABLE = b"[not shown: not a JSON object, and it may hold MCP server credentials]"
 
 
 class RequestIdFilter(logging.Filter):
@@ -121,12 +124,35 @@ def write_access_line(record: RequestRecord, model: str) -> None:
 def write_request_line(record: RequestRecord, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
     """--log-requests: the body as received and the headers but credentials."""
     shown = {name.decode("latin-1"): value.decode("latin-1") for name, value in headers if name not in SECRET_HEADERS}
+    body = redact_body(body)
     text = body[:MAX_LOGGED_BODY].decode("utf-8", "replace")
     if len(body) > MAX_LOGGED_BODY:
         text += f"... ({len(body)} bytes in all)"
     fields = {"method": record.method, "path": record.path, "headers": shown, "body": text}
     requests_logger.info("%s %s request", record.method, record.path, extra={
         "fields": fields, "detail": f"headers={json.dumps(shown)} body={text}", "request_id": record.request_id})
+
+
+def redact_body(body: bytes) -> bytes:
+    """The body with every `tools[*].headers` value and `tools[*].authorization` replaced by REDACTED. A body
+    that may hold them but is no JSON object (the server refused it) is not shown at all: it cannot be cleaned."""
+    if b'"tools"' not in body and b"\\u" not in body:  # the key may be written with escapes
+        return body
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return _UNREADABLE if b"headers" in body or b"authorization" in body or b"\\u" in body else body
+    if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
+        return body
+    changed = False
+    for tool in data["tools"]:
+        if isinstance(tool, dict) and isinstance(tool.get("headers"), dict):
+            tool["headers"] = dict.fromkeys(tool["headers"], REDACTED)
+            changed = True
+        if isinstance(tool, dict) and tool.get("authorization") is not None:
+            tool["authorization"] = REDACTED
+            changed = True
+    return json.dumps(data, ensure_ascii=False).encode() if changed else body
 
 
 def _ms(seconds: float) -> float:

@@ -44,13 +44,17 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The engine loads in the background: the server answers at once, /health says 503 until it is ready.
         starting = asyncio.create_task(_start_engine(state, on_engine_failure))
+        # --tool-server: listed in the background (logged); a response that needs them waits for the listing.
+        listing = asyncio.create_task(state.tool_servers.start()) if state.tool_servers.urls else None
         await _open_background_jobs(state)
         try:
             yield
         finally:
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
+            for task in (starting, listing):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if state.jobs is not None:
                 await state.jobs.close()
             await state.engine.close()

@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     responses.add_argument("--tool-server", action="append", default=[], metavar="URL",
                            help="an MCP server providing gpt-oss's browser and/or python tool, for web_search_preview "
                                 "and code_interpreter (repeatable; a URL ending in /sse is reached over SSE)")
+    responses.add_argument("--max-tool-calls", type=int, default=ServerConfig.max_tool_calls, metavar="N",
+                           help="server-side tool calls (MCP, browser, python) one response may run; a request's "
+                                "max_tool_calls may lower it (default %(default)s)")
+    responses.add_argument("--tool-call-timeout", type=float, default=ServerConfig.tool_call_timeout, metavar="S",
+                           help="seconds one server-side tool call may take before it is cancelled and reported to "
+                                "the model as failed (default %(default)s)")
     responses.add_argument("--open-responses-events", action="store_true",
                            help="name raw reasoning events response.reasoning.* (Open Responses spec) rather than "
                                 "response.reasoning_text.* (OpenAI SDK)")
@@ -290,6 +296,12 @@ def _mcp_allow(prefixes: Sequence[str]) -> tuple[str, ...]:
     return tuple(prefixes)
 
 
+def _at_least(flag: str, value: float, least: float) -> Any:
+    if not value >= least:
+        raise StartupError(f"{flag} must be at least {least:g}")
+    return value
+
+
 def _tool_servers(urls: Sequence[str]) -> tuple[str, ...]:
     """The --tool-server URLs, normalized; they are the operator's own, so no --mcp-allow applies to them."""
     try:
@@ -315,6 +327,8 @@ def _config(args: argparse.Namespace, engine_name: str) -> ServerConfig:
         open_responses_events=args.open_responses_events,
         mcp_allow=_mcp_allow(args.mcp_allow),
         tool_servers=_tool_servers(args.tool_server),
+        max_tool_calls=_at_least("--max-tool-calls", args.max_tool_calls, 1),
+        tool_call_timeout=_at_least("--tool-call-timeout", args.tool_call_timeout, 0.001),
     )
 
 

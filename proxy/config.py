@@ -21,5 +21,7 @@ class ServerConfig:
     api_key: str | None = None  # when set, /v1 routes need `Authorization: Bearer <api_key>`
     mcp_allow: tuple[str, ...] = ()  # URL prefixes of the MCP servers clients may name (--mcp-allow); none: no MCP
     tool_servers: tuple[str, ...] = ()  # MCP servers providing gpt-oss's browser and python tools (--tool-server)
+    max_tool_calls: int = 16  # server-side tool calls one response may run (a request's max_tool_calls may lower it)
+    tool_call_timeout: float = 60.0  # seconds one server-side tool call may take before it is cancelled
     metrics_public: bool = False  # /metrics answers without the API key
     log_requests: bool = False  # log each request's body and headers (never its Authorization)

@@ -17,17 +17,21 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from parsers.events import Event, ItemDone, ItemKind, ItemStarted
+from proxy.responses import server_output
+from proxy.responses.hosted import CallTarget, HostedTools
+from proxy.responses.server_output import ApprovedCall, CallResult, ServerCall, ToolEvent, ToolsListed
 
 Payload = dict[str, Any]
 TextDelta = tuple["Item", str]  # text added to an item; written as that item's delta events
 
 
 class Item:
-    __slots__ = ("body", "delta_prefixes", "index", "kind", "pieces")
+    __slots__ = ("body", "delta_prefixes", "index", "kind", "pieces", "target")
 
-    def __init__(self, index: int, body: dict[str, Any], kind: ItemKind) -> None:
+    def __init__(self, index: int, body: dict[str, Any], kind: ItemKind, target: CallTarget | None = None) -> None:
         self.index, self.body, self.kind, self.pieces = index, body, kind, []
         self.delta_prefixes: tuple[bytes, ...] = ()  # each delta event's frame up to the delta text
+        self.target = target  # what a server call calls (proxy/responses/server_output.py)
 
     @property
     def text(self) -> str:
@@ -41,16 +45,23 @@ class ResponseOutput:
         max_tool_calls: int | None = None,
         reasoning_summaries: bool = False,
         reasoning_event: str = "response.reasoning_text",
+        hosted: HostedTools | None = None,
+        max_server_calls: int | None = None,
     ) -> None:
         self._new_id = new_id
         self._max_tool_calls = max_tool_calls
+        self._hosted = hosted  # the server-side tools, which say what a server call is
+        self._max_server_calls = max_server_calls
+        self.server_calls = 0
+        self.server_call: ServerCall | None = None  # the server call the output ends with so far, for the tool loop
+        self._awaiting: Item | None = None  # a server call written and waiting for its result
         self._summaries = reasoning_summaries  # also send the reasoning as summary events (LangChain, AI SDK)
         self._reasoning_event = reasoning_event  # OpenAI SDK's name, or the Open Responses spec's response.reasoning
         self._items: list[Item] = []
         self._open: Item | None = None  # None also while a call past max_tool_calls is skipped
         self.tool_calls = 0
 
-    def add(self, events: Iterable[Event]) -> list[Payload | TextDelta]:
+    def add(self, events: Iterable[Event | ToolEvent]) -> list[Payload | TextDelta]:
         payloads: list[Payload | TextDelta] = []
         pending: list[str] = []  # text for the open item, sent as one delta
         for event in events:
@@ -63,16 +74,26 @@ class ResponseOutput:
                 payloads.append((self._open, "".join(pending)))  # type: ignore[arg-type]
                 pending = []
             if isinstance(event, ItemStarted):
+                self.server_call = None
                 payloads += self._start(event)
-            elif isinstance(event, ItemDone) and self._open is not None:
-                payloads += self._finish(self._open, "completed" if event.complete else "incomplete")
+            elif isinstance(event, ItemDone):
+                if self.server_call is not None:
+                    self.server_call.complete = event.complete
+                if self._open is not None:
+                    payloads += self._finish(self._open, "completed" if event.complete else "incomplete")
+            elif isinstance(event, ToolsListed | ApprovedCall | CallResult):
+                payloads += self._tool_event(event)
         if pending:
             payloads.append((self._open, "".join(pending)))  # type: ignore[arg-type]
         return payloads
 
     def close_open(self) -> list[Payload]:
-        """The generation failed: end the open item, incomplete."""
-        return self._finish(self._open, "incomplete") if self._open is not None else []
+        """The generation failed: end the open item, incomplete, and a server call still running."""
+        payloads = self._finish(self._open, "incomplete") if self._open is not None else []
+        if self._awaiting is not None:
+            payloads += server_output.cut_off(self._awaiting, was_written=True)
+            self._awaiting = None
+        return payloads
 
     def items(self) -> list[dict[str, Any]]:
         """The output items as they stand (an open item with its text so far)."""
@@ -82,6 +103,8 @@ class ResponseOutput:
 
     def _start(self, event: ItemStarted) -> list[Payload]:
         kind = event.kind
+        if kind is ItemKind.SERVER_CALL:
+            return self._start_server_call(event)
         if kind is ItemKind.TOOL_CALL:
             if self._max_tool_calls is not None and self.tool_calls >= self._max_tool_calls:
                 return []
@@ -113,6 +136,8 @@ class ResponseOutput:
         return payloads
 
     def _delta_prefixes(self, item: Item) -> tuple[bytes, ...]:
+        if item.kind is ItemKind.SERVER_CALL:
+            return tuple(_delta_prefix(fields) for fields in server_output.delta_events(item))
         where = {"item_id": item.body["id"], "output_index": item.index}
         if item.kind is ItemKind.TOOL_CALL:
             return (_delta_prefix({"type": "response.function_call_arguments.delta", **where}),)
@@ -126,6 +151,14 @@ class ResponseOutput:
 
     def _finish(self, item: Item, status: str) -> list[Payload]:
         self._open = None
+        if item.kind is ItemKind.SERVER_CALL:
+            if status != "completed":
+                return server_output.cut_off(item, was_written=False)
+            if item.index < 0:  # placed in the output only now (server_output.LAZY)
+                item.index = len(self._items)
+                self._items.append(item)
+            self._awaiting = item
+            return server_output.written(item)
         item.body["status"] = status
         body = self._body(item, status)
         where = {"item_id": body["id"], "output_index": item.index}
@@ -151,6 +184,8 @@ class ResponseOutput:
         return payloads
 
     def _body(self, item: Item, status: str) -> dict[str, Any]:
+        if item.kind is ItemKind.SERVER_CALL:
+            return server_output.body(item)
         text = item.text
         body = {**item.body, "status": status}
         if item.kind is ItemKind.TOOL_CALL:
@@ -161,6 +196,47 @@ class ResponseOutput:
         else:
             body["content"] = [_part(item.kind, text)]
         return body
+
+    # -- tools the server runs ----------------------------------------------------------------------------
+
+    def _start_server_call(self, event: ItemStarted) -> list[Payload]:
+        if self._hosted is None:
+            return []
+        target = self._hosted.target(event.name or "", event.channel)
+        if self._max_server_calls is not None and self.server_calls >= self._max_server_calls:
+            self.server_call = ServerCall(target, None)  # past the limit: not shown, not run
+            return []
+        self.server_calls += 1
+        body = server_output.initial_body(target, self._new_id, self._hosted.container_id)
+        lazy = target.kind in server_output.LAZY
+        item = Item(-1 if lazy else len(self._items), body, ItemKind.SERVER_CALL, target)
+        if not lazy:
+            self._items.append(item)
+            item.delta_prefixes = self._delta_prefixes(item)
+        self._open = item
+        self.server_call = ServerCall(target, item)
+        return server_output.started(item)
+
+    def _tool_event(self, event: ToolEvent) -> list[Payload]:
+        if isinstance(event, ToolsListed):
+            index = len(self._items)
+            payloads = server_output.listed_items(event.label, event.tools, self._new_id("mcpl_"), index)
+            self._items.append(Item(index, payloads[-1]["item"], ItemKind.SERVER_CALL))  # no target: whole
+            return payloads
+        if isinstance(event, ApprovedCall):
+            self.server_calls += 1
+            body = server_output.initial_body(event.target, self._new_id, "")
+            body["approval_request_id"] = event.approval_request_id
+            item = Item(len(self._items), body, ItemKind.SERVER_CALL, event.target)
+            item.pieces.append(event.arguments)
+            self._items.append(item)
+            self._awaiting = item
+            return server_output.approved(item)
+        item, self._awaiting = self._awaiting, None
+        if item is None:
+            return []
+        include = self._hosted is not None and self._hosted.include_outputs
+        return server_output.finished(item, event.output, include)
 
 
 def _part(kind: ItemKind, text: str) -> dict[str, Any]:

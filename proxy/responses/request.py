@@ -7,7 +7,7 @@ inputs and outputs, chain included), then the new input; only the new request's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
@@ -28,7 +28,9 @@ from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
 from proxy.options import GenerationOptions, reasoning_effort
 from proxy.options import response_format as _format
+from proxy.responses.hosted_request import HostedRequest, split_server_tools
 from proxy.responses.schema import ITEMS, RESPONSES_REQUEST, UNSUPPORTED
+from proxy.responses.server_items import ID_PREFIXES, ServerItems
 from proxy.responses.store import ResponseStore
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
 from tools.cache import ToolCatalog
@@ -36,7 +38,8 @@ from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice,
 
 _REQUEST = compile_schema(RESPONSES_REQUEST)
 _ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
-_ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_"}
+_ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_",
+              **ID_PREFIXES}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 
 
@@ -54,6 +57,7 @@ class ResponsesRequest:
     store: bool
     stream: bool
     background: bool
+    hosted: HostedRequest = field(default_factory=HostedRequest)  # tools the server runs (MCP, browser, python)
 
     def constraint(self) -> OutputConstraint:
         offered = () if self.tool_choice.mode == "none" else tuple(self.tools)
@@ -75,6 +79,7 @@ def parse_responses_request(
     """`tools` checks and remembers tool declarations and bounds their number and size (defaults: a new one)."""
     catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
+    body, hosted = split_server_tools(body)  # from here on `body` holds the function tools only
     check_tool_types(body.get("tools"), catalog)
     _refuse_tool_choice_types(body.get("tool_choice"))
     check(body, _REQUEST)
@@ -114,6 +119,7 @@ def parse_responses_request(
         store=store,
         stream=bool(body.get("stream")),
         background=background,
+        hosted=hosted,
     )
 
 
@@ -231,6 +237,7 @@ def _normalize(item: Any, position: int) -> dict[str, Any]:
 def _conversation(items: list[dict[str, Any]], first_input: int) -> list[Item]:
     conversation: list[Item] = []
     call_names: dict[str, str] = {}
+    server_items = ServerItems(items)
     for position, item in enumerate(items):
         where = f"input[{position - first_input}]" if position >= first_input else "previous_response_id"
         kind = item["type"]
@@ -261,6 +268,8 @@ def _conversation(items: list[dict[str, Any]], first_input: int) -> list[Item]:
                 raise invalid_request(f"No function call with call_id {item['call_id']!r} precedes this output.",
                                       param=f"{where}.call_id")
             conversation.append(ToolResult(item["call_id"], name, _output_text(item["output"], where)))
+        else:  # the items of tools the server ran (proxy/responses/server_items.py)
+            conversation += server_items.read(item)
     return conversation
 
 

@@ -8,16 +8,24 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from proxy.config import ServerConfig
 from proxy.disconnect import unless_disconnected
+from proxy.engines.base import GenerationRequest
 from proxy.errors import APIError, invalid_request
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request
 from proxy.responses.frames import EventWriter
+from proxy.responses.hosted import HostedTools
+from proxy.responses.hosted import resolve as resolve_hosted
 from proxy.responses.output import ResponseOutput
-from proxy.responses.request import prompt_for, read_responses_request, resolve
-from proxy.responses.run import ResponseRun
+from proxy.responses.request import ResponsesRequest, prompt_for, read_responses_request, resolve
+from proxy.responses.run import ResponseRun, RunEvents
+from proxy.responses.server_items import pending_approvals
 from proxy.responses.store import UNFINISHED, StoredResponse
+from proxy.responses.tool_loop import ToolLoop
+from proxy.server_tools.limits import McpLimits
+from proxy.server_tools.sessions import McpSessions
 from proxy.sse import EventStream
 from proxy.state import ServerState
 
@@ -35,26 +43,18 @@ async def create_response(request: Request) -> Response:
     state.require_ready()
     history, items = await resolve(parsed, state.responses)
     response_id = new_id("resp_")
-    engine_request = generation_request(
-        response_id,
-        await state.renderer.render_off_loop(prompt_for(parsed, history, items)),
-        parsed.options,
-        parsed.constraint(),
-        state.vocab,
-        config.max_model_len,
-        prompt_param="input",
-        max_tokens_param="max_output_tokens",
-    )
-    outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
-    output = ResponseOutput(
-        new_id,
-        parsed.max_tool_calls,
-        reasoning_summaries=config.reasoning_summary_events,
-        reasoning_event="response.reasoning" if config.open_responses_events else "response.reasoning_text",
-    )
+    events: RunEvents
+    if parsed.hosted:  # tools this server runs: the tool loop (proxy/responses/tool_loop.py)
+        output, outcome, events = await unless_disconnected(
+            request, _tool_loop(state, parsed, history, items, response_id))
+    else:
+        engine_request = _generation(state, parsed, response_id,
+                                     await state.renderer.render_off_loop(prompt_for(parsed, history, items)))
+        outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
+        output = _output(config, parsed)
+        events = parsed_events(state.engine, engine_request, state.vocab, outcome)
     stored = parsed.store and state.responses is not None
-    run = ResponseRun(response_id, parsed, items, output, outcome,
-                      parsed_events(state.engine, engine_request, state.vocab, outcome), stored)
+    run = ResponseRun(response_id, parsed, items, output, outcome, events, stored)
     if parsed.background:
         await state.responses.save(run.record())  # queued; `background` requires store, checked above
         state.jobs.start(run)
@@ -66,6 +66,53 @@ async def create_response(request: Request) -> Response:
     if stored:
         await state.responses.save(run.record())
     return JSONResponse(final)
+
+
+def _generation(state: ServerState, parsed: ResponsesRequest, response_id: str,
+                prompt: list[int]) -> GenerationRequest:
+    return generation_request(response_id, prompt, parsed.options, parsed.constraint(), state.vocab,
+                              state.config.max_model_len, prompt_param="input", max_tokens_param="max_output_tokens")
+
+
+def _output(config: ServerConfig, parsed: ResponsesRequest, hosted: HostedTools | None = None) -> ResponseOutput:
+    limit = parsed.body.get("max_tool_calls")
+    return ResponseOutput(
+        new_id,
+        parsed.max_tool_calls,
+        reasoning_summaries=config.reasoning_summary_events,
+        reasoning_event="response.reasoning" if config.open_responses_events else "response.reasoning_text",
+        hosted=hosted,
+        max_server_calls=min(limit, config.max_tool_calls) if limit is not None else config.max_tool_calls,
+    )
+
+
+async def _tool_loop(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],
+                     items: list[dict[str, Any]], response_id: str) -> tuple[ResponseOutput, Outcome, RunEvents]:
+    """Check and list the server-side tools (400, 424), check the first generation (400), and set the loop up.
+    Approved calls run first, in the loop, and the prompt is rendered after them."""
+    config = state.config
+    sessions = McpSessions(McpLimits(call_timeout=config.tool_call_timeout))
+    try:
+        earlier = history + items
+        hosted = await resolve_hosted(parsed.hosted, state.mcp_allow, state.tool_servers, state.mcp_tool_lists,
+                                      sessions, earlier, parsed.body.get("include") or [])
+        if parsed.tool_choice.mode == "none":
+            hosted.offer_none()
+        approvals = pending_approvals(earlier)
+        output = _output(config, parsed, hosted)
+        loop = ToolLoop(state.engine, state.vocab, hosted, sessions, output, response_id, parsed.options,
+                        parsed.constraint(), config.max_model_len)
+
+        async def render(ran: list[dict[str, Any]]) -> list[int]:
+            prompt = prompt_for(parsed, history, [*items, *ran])
+            prompt.builtin_tools, prompt.namespaces = tuple(sorted(hosted.builtin)), hosted.namespaces
+            return await state.renderer.render_off_loop(prompt)
+
+        first = None if approvals else _generation(state, parsed, response_id, await render([]))
+    except BaseException:
+        await sessions.aclose()
+        raise
+    return output, loop.outcome, loop.events(first, render, approvals)
 
 
 async def retrieve_response(request: Request) -> Response:

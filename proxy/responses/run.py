@@ -21,8 +21,11 @@ from proxy.generation import Outcome
 from proxy.responses.output import Payload, ResponseOutput, TextDelta
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.resource import response_object
+from proxy.responses.server_output import ToolEvent
 from proxy.responses.store import StoredResponse
 
+# The parser's events of each engine step; with server-side tools, also the tool loop's (proxy/responses/tool_loop.py).
+RunEvents = AsyncGenerator[list[Event | ToolEvent], None]
 _TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
 
 
@@ -34,7 +37,7 @@ class ResponseRun:
         input_items: list[dict[str, Any]],
         output: ResponseOutput,
         outcome: Outcome,
-        events: AsyncGenerator[list[Event], None],
+        events: RunEvents,
         stored: bool,
     ) -> None:
         self.id = response_id
@@ -45,7 +48,7 @@ class ResponseRun:
         self._outcome = outcome
         self._events = events
         self._stored = stored
-        self._first: list[Event] | None = None
+        self._first: list[Event | ToolEvent] | None = None
         self._status = "queued" if request.background else "in_progress"
         self._error: dict[str, str] | None = None
         self._completed_at: int | None = None

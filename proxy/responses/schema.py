@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.responses.server_items import SERVER_ITEMS
+
 _NULLABLE_BOOL = {"type": ["boolean", "null"]}
 _STRING = {"type": "string"}
 
@@ -66,6 +68,8 @@ ITEMS: dict[str, dict[str, Any]] = {
         "namespace": {"type": "null"},
     }),
     "item_reference": _object(["id"], {"type": {"const": "item_reference"}, "id": _STRING}),
+    # Items of the tools the server runs, replayed (proxy/responses/server_items.py).
+    **SERVER_ITEMS,
 }
 
 _FORMAT = {
@@ -140,8 +144,9 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
                        "additionalProperties": False},
     "background": _NULLABLE_BOOL,
     "truncation": {"enum": ["disabled", None]},
-    # Outputs of built-in tools are never produced here, so asking for them includes nothing; logprobs are refused
-    # in request.py.
+    # `code_interpreter_call.outputs` adds the python tool's output to its calls (proxy/responses/server_output.py);
+    # the other built-in tools' extras are never produced here, so asking for them includes nothing; logprobs are
+    # refused in request.py.
     "include": {"type": ["array", "null"], "items": {"enum": INCLUDABLE}},
     "user": {"type": ["string", "null"]},
     "safety_identifier": {"type": ["string", "null"]},
