@@ -32,7 +32,7 @@ from parsers.conversation import (
 from proxy.chat.schema import CHAT_REQUEST, MESSAGE_NULL_ONLY, MESSAGES, NEUTRAL, UNSUPPORTED
 from proxy.engines.base import OutputConstraint
 from proxy.errors import invalid_request
-from proxy.options import GenerationOptions, reasoning_effort
+from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types
 from proxy.options import response_format as _format
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
 from tools.cache import ToolCatalog
@@ -63,7 +63,7 @@ def parse_chat_request(body: dict[str, Any], default_effort: str, tools: ToolCat
     catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
     check_tool_types(body.get("tools"), catalog)
-    _refuse_tool_choice_types(body.get("tool_choice"))
+    refuse_tool_choice_types(body.get("tool_choice"))
     check(body, _REQUEST)
     for position, message in enumerate(body["messages"]):
         _refuse_null_only(message, f"messages[{position}]")
@@ -134,18 +134,6 @@ def _refuse_null_only(message: dict[str, Any], where: str) -> None:
         if message.get(name) not in (None, [], {}):
             raise invalid_request(f"`{where}.{name}` is not supported: {reason}.", param=f"{where}.{name}",
                                   code="unsupported_parameter")
-
-
-def _refuse_tool_choice_types(value: Any) -> None:
-    """tool_choice objects other than a named function (`allowed_tools`, `custom`): a 400 naming the type."""
-    kind = value.get("type") if isinstance(value, dict) else None
-    if isinstance(kind, str) and kind != "function":
-        raise invalid_request(
-            f"tool_choice type {kind!r} is not supported: send only the tools the model may call, with tool_choice "
-            "'auto', 'required', 'none' or a function.",
-            param="tool_choice.type",
-            code="unsupported_parameter",
-        )
 
 
 def _tool_choice(value: Any, tools: list[FunctionTool]) -> ToolChoice:

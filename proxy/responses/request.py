@@ -26,7 +26,7 @@ from parsers.conversation import (
 from proxy.engines.base import OutputConstraint
 from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
-from proxy.options import GenerationOptions, reasoning_effort
+from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types
 from proxy.options import response_format as _format
 from proxy.responses.hosted_request import HostedRequest, split_server_tools
 from proxy.responses.schema import ITEMS, RESPONSES_REQUEST, UNSUPPORTED
@@ -81,7 +81,7 @@ def parse_responses_request(
     refuse_unsupported(body, UNSUPPORTED)
     body, hosted = split_server_tools(body)  # from here on `body` holds the function tools only
     check_tool_types(body.get("tools"), catalog)
-    _refuse_tool_choice_types(body.get("tool_choice"))
+    refuse_tool_choice_types(body.get("tool_choice"))
     check(body, _REQUEST)
     _refuse_unhonoured(body)
     store, background = body.get("store") is not False, bool(body.get("background"))
@@ -155,18 +155,6 @@ def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: 
         raise invalid_request("The conversation is empty: send `input`.", param="input")
     offered = [] if request.tool_choice.mode == "none" else request.tools
     return Prompt(conversation, offered, request.effort, request.response_format)
-
-
-def _refuse_tool_choice_types(value: Any) -> None:
-    """tool_choice objects other than a named function (`allowed_tools`, built-in tools, ...): a 400 naming the type."""
-    kind = value.get("type") if isinstance(value, dict) else None
-    if isinstance(kind, str) and kind != "function":
-        raise invalid_request(
-            f"tool_choice type {kind!r} is not supported: send only the tools the model may call, with tool_choice "
-            "'auto', 'required', 'none' or a function.",
-            param="tool_choice.type",
-            code="unsupported_parameter",
-        )
 
 
 def _refuse_unhonoured(body: dict[str, Any]) -> None:
