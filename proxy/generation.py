@@ -106,14 +106,20 @@ async def tracked_steps(engine: Engine, request: GenerationRequest, outcome: Out
 
 
 async def parsed_events(
-    engine: Engine, request: GenerationRequest, vocab: Vocab, outcome: Outcome
+    engine: Engine, request: GenerationRequest, vocab: Vocab, outcome: Outcome,
+    namespaces: frozenset[str] = frozenset(), generated: list[int] | None = None,
 ) -> AsyncGenerator[list[Event], None]:
-    """Yield the events of each engine step, in order (a step may complete no event: an empty list)."""
-    parser = OutputParser(vocab)
+    """Yield the events of each engine step, in order (a step may complete no event: an empty list).
+
+    `namespaces`: server tools whose calls the parser reports; `generated`, when given, receives the token ids
+    (the server-side tool loop continues the prompt with them)."""
+    parser = OutputParser(vocab, namespaces)
     record = current_record.get()
     try:
         async with contextlib.aclosing(tracked_steps(engine, request, outcome)) as steps:
             async for step in steps:
+                if generated is not None:
+                    generated += step.token_ids
                 events = parser.feed(step.token_ids)
                 if step.finish_reason is not None:
                     events += parser.finish()
@@ -124,5 +130,8 @@ async def parsed_events(
         outcome.reasoning_tokens = parser.reasoning_tokens  # read once the answer is settled, not per step
 
 
+_CALLS = (ItemKind.TOOL_CALL, ItemKind.SERVER_CALL)
+
+
 def _tool_calls_started(events: list[Event]) -> int:
-    return sum(1 for event in events if type(event) is ItemStarted and event.kind is ItemKind.TOOL_CALL)
+    return sum(1 for event in events if type(event) is ItemStarted and event.kind in _CALLS)

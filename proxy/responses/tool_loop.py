@@ -27,12 +27,11 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from parsers.events import Event, ItemKind, ItemStarted
-from parsers.stream import OutputParser
+from parsers.events import Event
 from parsers.vocab import Vocab
 from proxy.engines.base import Engine, EngineError, GenerationRequest, OutputConstraint
 from proxy.errors import APIError
-from proxy.generation import Outcome, tracked_steps
+from proxy.generation import Outcome, parsed_events
 from proxy.options import GenerationOptions, generation_request
 from proxy.request_record import current_record
 from proxy.responses.hosted import APPROVAL, CODE, MCP, CallTarget, HostedTools
@@ -116,21 +115,12 @@ class ToolLoop:
     async def _generate(self, request: GenerationRequest, generated: list[int]) -> AsyncGenerator[list[Event], None]:
         """One generation's events; its tokens are added to `generated`, its usage to the response's."""
         outcome = Outcome(prompt_tokens=len(request.prompt_token_ids))
-        parser = OutputParser(self._vocab, self._hosted.recipients)
-        record = current_record.get()
         try:
-            async with contextlib.aclosing(tracked_steps(self._engine, request, outcome)) as steps:
-                async for step in steps:
-                    generated += step.token_ids
-                    events = parser.feed(step.token_ids)
-                    if step.finish_reason is not None:
-                        events += parser.finish()
-                    if record is not None and (len(events) > 1 or (events and type(events[0]) is not str)):
-                        record.tool_calls += sum(1 for event in events if type(event) is ItemStarted
-                                                 and event.kind in (ItemKind.TOOL_CALL, ItemKind.SERVER_CALL))
-                    yield events
+            async with contextlib.aclosing(parsed_events(self._engine, request, self._vocab, outcome,
+                                                         self._hosted.recipients, generated)) as events:
+                async for step_events in events:
+                    yield step_events
         finally:
-            outcome.reasoning_tokens = parser.reasoning_tokens
             self._add(outcome)
 
     def _add(self, outcome: Outcome) -> None:
