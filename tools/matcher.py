@@ -33,9 +33,10 @@ class GrammarError(ValueError):
 class GrammarMatchers:
     """The llguidance tokenizer of one vocabulary, and compiled grammars by key (bounded, least recent first)."""
 
-    def __init__(self, vocab: Vocab, max_grammars: int = 256) -> None:
+    def __init__(self, vocab: Vocab, max_grammars: int = 256, tokenizer: llguidance.LLTokenizer | None = None) -> None:
+        """`tokenizer`: one already built for this vocabulary (else built on first use)."""
         self.vocab = vocab
-        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._tokenizer = tokenizer
         self._lock = threading.Lock()
         self._compiled: BoundedCache[str, llguidance.LLMatcher] = BoundedCache(max_grammars, max_grammars)
 
