@@ -29,7 +29,7 @@ import pytest
 from parsers.conversation import ResponseFormat
 from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint, SamplingParams, Step, Usage
-from proxy.engines.remote import RemoteEngine
+from proxy.engines.remote import RemoteEngine, _Inbox
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER, CALL, client_for, message_answer
 from tests.test_trtllm import ASK, events, model_folder
@@ -48,7 +48,7 @@ run_engine_host(functools.partial(loaded_trtllm_engine, json.loads(sys.argv[1]))
 FRONT_END = """
 import asyncio, sys
 from proxy.engines.base import GenerationRequest, SamplingParams
-from proxy.engines.remote import RemoteEngine
+from proxy.engines.remote import RemoteEngine, _Inbox
 
 async def main():
     engine = RemoteEngine(sys.argv[1], retry_interval=0.05)
@@ -184,13 +184,49 @@ def test_a_remote_engine_streams_what_the_engine_streams_in_process(
         finally:
             await engine.close()
 
-    streamed = asyncio.run(remotely())
-    assert streamed == asyncio.run(in_process())
+    streamed, local = asyncio.run(remotely()), asyncio.run(in_process())
+    # The same tokens and ending; steps that reached the front end together may have been handed on as one.
+    assert [_tokens(steps) for steps in streamed] == [_tokens(steps) for steps in local]
+    assert [(s[-1].finish_reason, s[-1].usage) for s in streamed] == [(s[-1].finish_reason, s[-1].usage) for s in local]
     assert [steps[-1].finish_reason for steps in streamed] == ["stop", "stop", "length"]
     assert streamed[1][-1].usage == Usage(79, len(vocab.encode_harmony(CALL)), 64)
-    assert max(len(step.token_ids) for step in streamed[0]) == 3
+    assert max(len(step.token_ids) for step in local[0]) == 3
     sampling = [e["sampling"] for e in events(folder) if e["event"] == "generate"]
     assert sampling[:3] == sampling[3:] and sampling[0]["seed"] == 7 and sampling[0]["min_tokens"] == 2
+
+
+def _tokens(steps: list[Step]) -> list[int]:
+    return [token for step in steps for token in step.token_ids]
+
+
+def test_steps_waiting_in_the_inbox_are_handed_on_as_one() -> None:
+    """A front end that fell behind the host sends what arrived meanwhile in one step (one frame), not many."""
+    class Link:  # what generate() uses of a connection to the host
+        alive = True
+
+        def __init__(self, items: list[Any]) -> None:
+            self.inbox = _Inbox()
+            for item in items:
+                self.inbox.put(item)
+
+        def submit(self, request: GenerationRequest) -> tuple[int, _Inbox]:
+            return 1, self.inbox
+
+        def cancel(self, handle: int) -> None:
+            raise AssertionError("a finished request is not cancelled")
+
+    async def received(items: list[Any]) -> list[Step]:
+        engine = RemoteEngine(Path("/nowhere"), "trtllm")
+        engine._link = Link(items)  # type: ignore[assignment]
+        return await collect(engine.generate(GenerationRequest("a", [1], SamplingParams(10))))
+
+    usage = Usage(1, 5)
+    assert asyncio.run(received([Step([1]), Step([2, 3]), Step([4]), Step([5], "stop", usage)])) == [
+        Step([1, 2, 3, 4, 5], "stop", usage)
+    ]
+    failure = EngineError("boom", 500)
+    with pytest.raises(EngineError, match="boom"):
+        asyncio.run(received([Step([1]), Step([2]), failure]))
 
 
 def test_closing_the_stream_aborts_the_request_in_the_engine(shared_host: tuple[Path, Path]) -> None:

@@ -53,6 +53,32 @@ def test_completion_without_a_stop_token_finishes_with_length(vocab: Vocab) -> N
     assert play(vocab, "<|channel|>final<|message|>unfinished")[-1].finish_reason == "length"
 
 
+def test_a_paced_engine_hands_a_late_consumer_every_step_generated_meanwhile(vocab: Vocab) -> None:
+    """With a delay the engine keeps its own pace, as a GPU does; what waited while the consumer was busy comes as
+    one step, and the stop token still ends it."""
+    engine = scripted_engine(vocab, [TWO_TURNS], token_delay=0.01)
+    params = SamplingParams(max_tokens=100, stop_token_ids=vocab.stop_token_ids)
+
+    async def consume(busy: float) -> tuple[list[Step], float]:
+        loop = asyncio.get_running_loop()
+        steps, began = [], loop.time()
+        async for step in engine.generate(GenerationRequest("r", [1], params)):
+            steps.append(step)
+            if len(steps) == 1:
+                await asyncio.sleep(busy)  # the consumer falls behind by `busy`
+        return steps, loop.time() - began
+
+    prompt, prompt_took = asyncio.run(consume(0.0))
+    late, late_took = asyncio.run(consume(0.045))
+    whole = vocab.encode_harmony("<|channel|>final<|message|>one<|return|>")
+    for steps in (prompt, late):
+        assert [t for step in steps for t in step.token_ids] == whole
+        assert steps[-1].finish_reason == "stop" and steps[-1].usage.completion_tokens == len(whole)
+    assert all(len(step.token_ids) == 1 for step in prompt[:-1])
+    assert len(late[1].token_ids) >= 4  # the steps of the 45 ms it was away
+    assert late_took < prompt_took + 0.02  # the pace is the engine's: falling behind did not slow it down
+
+
 def test_every_generation_field_reaches_the_engine(serve: Callable[..., LiveServer], vocab: Vocab) -> None:
     engine = Recording(scripted_engine(vocab, [ANSWER]))
     server = serve(engine=engine)

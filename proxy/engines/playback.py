@@ -1,8 +1,15 @@
 """An engine that plays a completion back as generated tokens, the way a real engine would stream them.
 
 The scripted and mock engines differ only in who writes the completion; this one streams it: one token per step
-(or `tokens_per_step`, as TensorRT-LLM's `stream_interval` sends them), an optional delay between steps, `max_tokens` and `min_tokens` honoured, and a completion that does not end
-on a stop token finishes with `length`, as a real engine cut off by its token limit would.
+(or `tokens_per_step`, as TensorRT-LLM's `stream_interval` sends them), `max_tokens` and `min_tokens` honoured,
+and a completion that does not end on a stop token finishes with `length`, as a real engine cut off by its token
+limit would.
+
+With `token_delay` the engine keeps its own pace, as a GPU does: it steps every request at once, every
+`token_delay` seconds, whether or not a request's consumer has taken its last step; a consumer that fell behind
+is handed every step generated meanwhile as one (as tokens wait in TensorRT-LLM's result queue or in an
+upstream's socket). Without a delay the engine has no pace of its own: it makes a step each time it is asked,
+after one turn of the event loop.
 """
 
 from __future__ import annotations
@@ -20,11 +27,49 @@ logger = logging.getLogger("harmony_proxy.engine")
 Author = Callable[[GenerationRequest], list[int] | Awaitable[list[int]]]
 
 
+class StepClock:
+    """The engine's steps, numbered from the loop clock's zero: step n happens at n * pace.
+
+    Every request waiting for step n waits on one timer, so a step wakes the whole batch in one turn of the loop
+    (a timer per request and step cost the server more than the frames it sent)."""
+
+    def __init__(self, pace: float) -> None:
+        self.pace = pace
+        self._waiting: dict[int, list[asyncio.Future[None]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def now(self) -> int:
+        """The last step that has happened."""
+        return int(asyncio.get_running_loop().time() / self.pace)
+
+    async def reach(self, step: int) -> int:
+        """Wait for `step` (at least one turn of the loop); return the last step that has happened by then."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new loop (tests run several): timers of the old one will never fire
+            self._loop, self._waiting = loop, {}
+        if self.now() >= step:
+            await asyncio.sleep(0)
+            return self.now()
+        woken = loop.create_future()
+        waiting = self._waiting.get(step)
+        if waiting is None:
+            waiting = self._waiting[step] = []
+            loop.call_at(step * self.pace, self._wake, step)
+        waiting.append(woken)
+        await woken
+        return max(step, self.now())  # the loop's timers are as coarse as a millisecond: it may wake us early
+
+    def _wake(self, step: int) -> None:
+        for woken in self._waiting.pop(step, ()):
+            if not woken.done():  # cancelled: its request went away
+                woken.set_result(None)
+
+
 class PlaybackEngine:
     def __init__(self, name: str, author: Author, token_delay: float = 0.0, tokens_per_step: int = 1) -> None:
         self.name = name
         self._author = author
-        self._token_delay = token_delay
+        self._clock = StepClock(token_delay) if token_delay > 0 else None
         self._tokens_per_step = max(1, tokens_per_step)
 
     @property
@@ -50,13 +95,19 @@ class PlaybackEngine:
         stops = frozenset(() if sampling.ignore_eos else sampling.stop_token_ids)
         generated = 0
         finish = "length"
-        per_step, limit = self._tokens_per_step, min(len(tokens), sampling.max_tokens)
+        limit, clock = min(len(tokens), sampling.max_tokens), self._clock
+        step_number = clock.now() + 1 if clock is not None else 0  # the engine step that makes our next tokens
         try:
             while generated < limit:
-                # Sleep even for 0 s: like a real engine, give the event loop (other requests, disconnects) a turn.
-                await asyncio.sleep(self._token_delay)
+                if clock is None:
+                    # Even with no pace, like a real engine, give the event loop (other requests, disconnects) a turn.
+                    await asyncio.sleep(0)
+                    steps = 1
+                else:
+                    reached = await clock.reach(step_number)
+                    steps, step_number = reached - step_number + 1, reached + 1  # those made while we were away
                 step: list[int] = []
-                while len(step) < per_step and generated < limit:
+                while len(step) < steps * self._tokens_per_step and generated < limit:
                     token = tokens[generated]
                     generated += 1
                     step.append(token)

@@ -79,6 +79,10 @@ class RemoteEngine:
                     await inbox.wait()
                 item = items.popleft()
                 if type(item) is Step:
+                    # Steps that arrived while we were busy go on as one: one frame for the client, not many.
+                    while items and type(items[0]) is Step and item.finish_reason is None:
+                        later = items.popleft()
+                        item = Step([*item.token_ids, *later.token_ids], later.finish_reason, later.usage)
                     if item.finish_reason is None:
                         yield item
                         continue
