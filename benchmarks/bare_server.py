@@ -1,10 +1,10 @@
 """The floor for the load benchmark: bare Starlette + sse-starlette streaming chunks shaped like ours.
 
-    .venv/bin/python benchmarks/bare_server.py --port 8001 [--tokens 400] [--tokens-per-step 1]
+    .venv/bin/python benchmarks/bare_server.py --port 8001 [--tokens 400] [--tokens-per-step 1] [--step-ms 0]
 
 Per POST /v1/chat/completions it reads the JSON body and streams `--tokens` tokens as `chat.completion.chunk`
 frames of the same shape as harmony-proxy's, one frame per `--tokens-per-step` tokens and per
-`await asyncio.sleep(0)` (an engine step), each a dict encoded by the standard library's JSON encoder and
+`await asyncio.sleep(step_ms / 1000)` (an engine step), each a dict encoded by the standard library's JSON encoder and
 framed as `data: ...` bytes (as ours frames them; sse-starlette's `{"data": ...}` path costs ~15 us more per
 frame here), sent by sse-starlette; then a finish chunk, a usage chunk when `stream_options.include_usage` is
 set, and `data: [DONE]`. No tokenizer, no parser, no validation: the least a Python server built the usual
@@ -38,7 +38,7 @@ def frame(chunk: dict) -> bytes:
     return b"data: " + to_json(chunk).encode() + b"\n\n"
 
 
-def create_app(tokens: int, tokens_per_step: int) -> Starlette:
+def create_app(tokens: int, tokens_per_step: int, step: float = 0.0) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         body = await request.json()
         model = body.get("model", "openai/gpt-oss-20b")
@@ -51,7 +51,7 @@ def create_app(tokens: int, tokens_per_step: int) -> Starlette:
         tail = {"usage": None} if include_usage else {}
         sent = 0
         while sent < tokens:
-            await asyncio.sleep(0)  # one engine step
+            await asyncio.sleep(step)  # one engine step
             count = min(tokens_per_step, tokens - sent)
             sent += count
             choice = {"index": 0, "delta": {"content": TOKEN * count}, "logprobs": None, "finish_reason": None}
@@ -78,8 +78,9 @@ def main() -> None:
     options.add_argument("--port", type=int, default=8001)
     options.add_argument("--tokens", type=int, default=400, help="tokens per stream")
     options.add_argument("--tokens-per-step", type=int, default=1, help="tokens per chunk")
+    options.add_argument("--step-ms", type=float, default=0.0, help="sleep between chunks (an engine's pace)")
     args = options.parse_args()
-    app = create_app(args.tokens, max(1, args.tokens_per_step))
+    app = create_app(args.tokens, max(1, args.tokens_per_step), args.step_ms / 1000)
     uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools", log_level="warning",
                 log_config=None)
 

@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/load_bench.py --git-ref 37e9190     # ... and a previous commit of ours
     .venv/bin/python benchmarks/load_bench.py --concurrency 64,1024 --tokens-per-step 1 --duration 5
     .venv/bin/python benchmarks/load_bench.py --servers ours,bare --ours-args="--workers 2"
+    .venv/bin/python benchmarks/load_bench.py --step-ms 0.5                # an engine with a pace of its own
     .venv/bin/python benchmarks/load_bench.py --server-cmd 'other={python} -m other --port {port}'
 
 Servers, each a subprocess pinned to `--server-cpu` (default CPU 0; the client runs on `--client-cpu`, 1):
@@ -13,8 +14,15 @@ Servers, each a subprocess pinned to `--server-cpu` (default CPU 0; the client r
   no tokenizer or parser: the floor for a Python server built the usual way;
 - ref (`--git-ref REF`): ours as of commit REF, extracted with `git archive` (git state is not touched) to
   /tmp and run with this venv and PYTHONPATH on it; only at 1 token per step (older commits lack the flag);
-- `--server-cmd NAME=TEMPLATE` (repeatable): any command; {python}, {port}, {script}, {tokens_per_step} are
-  filled in; run at every tokens-per-step if it uses {tokens_per_step}, else at 1 only.
+- `--server-cmd NAME=TEMPLATE` (repeatable): any command; {python}, {port}, {script}, {tokens_per_step},
+  {step_ms} are filled in; run at every tokens-per-step if it uses {tokens_per_step}, else at 1 only.
+
+The engine's pace (`--step-ms`): 0 (the default) is an engine with no pace of its own: it makes a step each time
+the server asks for one, after one turn of the event loop, so every step is a frame and the figures are the cost
+of a frame. A pace P > 0 is an engine that, like a GPU, makes a step every P ms whatever the server does (ours'
+`--token-delay-ms`; bare sleeps P ms between chunks, as a server written the usual way would pace them): a
+server that falls behind it finds several steps waiting, and ours sends them as one frame (tok/frame shows how
+many tokens a frame carried on average).
 
 For each tokens-per-step K (default 1 and 10) the servers are started together and, for each concurrency C
 (default 64, 256, 1024), measured one after the other (the first to go turns with each C): one request alone (it checks the answer and gives the
@@ -95,18 +103,19 @@ def write_script(path: Path) -> int:
 @dataclass
 class ServerKind:
     name: str
-    template: list[str]  # {python} {port} {script} {tokens_per_step} filled in
+    template: list[str]  # {python} {port} {script} {tokens_per_step} {step_ms} filled in
     cwd: Path
     env: dict[str, str]
     every_k: bool  # can stream several tokens per step
 
-    def command(self, port: int, script: Path, tokens_per_step: int) -> list[str]:
-        values = {"python": sys.executable, "port": port, "script": script, "tokens_per_step": tokens_per_step}
+    def command(self, port: int, script: Path, tokens_per_step: int, step_ms: float) -> list[str]:
+        values = {"python": sys.executable, "port": port, "script": script, "tokens_per_step": tokens_per_step,
+                  "step_ms": step_ms}
         return [part.format(**values) for part in self.template]
 
 
 OURS = ["{python}", "-m", "proxy", "serve", "--engine", "scripted", "--script", "{script}", "--port", "{port}",
-        "--log-level", "warning", "--no-store"]
+        "--log-level", "warning", "--no-store", "--token-delay-ms", "{step_ms}"]
 
 
 def server_kinds(args: argparse.Namespace) -> dict[str, ServerKind]:
@@ -115,7 +124,8 @@ def server_kinds(args: argparse.Namespace) -> dict[str, ServerKind]:
         "ours": ServerKind("ours", [*OURS, "--tokens-per-step", "{tokens_per_step}", *shlex.split(args.ours_args)],
                            ROOT, env, True),
         "bare": ServerKind("bare", ["{python}", str(ROOT / "benchmarks" / "bare_server.py"), "--port", "{port}",
-                                    "--tokens", str(BARE_TOKENS), "--tokens-per-step", "{tokens_per_step}"],
+                                    "--tokens", str(BARE_TOKENS), "--tokens-per-step", "{tokens_per_step}",
+                                    "--step-ms", "{step_ms}"],
                            ROOT, env, True),
     }
     if args.git_ref:
@@ -145,10 +155,11 @@ def extract_commit(ref: str) -> Path:
 class Server:
     """A server subprocess on one CPU, its log in a file, its CPU time read from /proc."""
 
-    def __init__(self, kind: ServerKind, tokens_per_step: int, script: Path, cpu: int, logs: Path) -> None:
+    def __init__(self, kind: ServerKind, tokens_per_step: int, step_ms: float, script: Path, cpu: int,
+                 logs: Path) -> None:
         self.kind, self.port = kind, free_port()
         self.log = logs / f"{kind.name.replace(' ', '-')}-k{tokens_per_step}.log"
-        command = kind.command(self.port, script, tokens_per_step)
+        command = kind.command(self.port, script, tokens_per_step, step_ms)
         with self.log.open("wb") as log:
             # Its own process group, so that stop() reaches workers and wrapped commands too.
             self.process = subprocess.Popen(command, cwd=kind.cwd, env=kind.env, stdout=log, stderr=subprocess.STDOUT,
@@ -251,7 +262,8 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-HEADER = (f"{'server':<14} {'K':>3} {'C':>5} {'tok/s':>8} {'us/tok':>7} {'/bare':>6} {'TTFT50':>8} {'TTFT99':>8} "
+HEADER = (f"{'server':<14} {'K':>3} {'C':>5} {'tok/s':>8} {'us/tok':>7} {'/bare':>6} {'tok/frame':>9} {'TTFT50':>8} "
+          f"{'TTFT99':>8} "
           f"{'maxwait':>8} {'gap50':>7} {'gap99':>7} {'done':>6} {'429':>6} {'errors':>7} {'client':>6}")
 
 
@@ -264,7 +276,7 @@ def format_row(row: Row, bare: Row | None) -> str:
     cost = row.cpu_per_token_us
     ratio = f"{cost / bare.cpu_per_token_us:.2f}" if bare and row is not bare and bare.cpu_per_token_us else "-"
     return (f"{row.server:<14} {row.tokens_per_step:>3} {row.concurrency:>5} {stats.tokens() / result.window:>8.0f} "
-            f"{cost:>7.1f} {ratio:>6} {seconds(percentile(stats.ttft, 0.5)):>8} "
+            f"{cost:>7.1f} {ratio:>6} {stats.tokens_per_frame():>9.2f} {seconds(percentile(stats.ttft, 0.5)):>8} "
             f"{seconds(percentile(stats.ttft, 0.99)):>8} {seconds(result.max_wait):>8} "
             f"{seconds(percentile(stats.gaps, 0.5)):>7} {seconds(percentile(stats.gaps, 0.99)):>7} "
             f"{stats.completed:>6} {stats.rejected:>6} {sum(stats.errors.values()):>7} {result.client_cpu:>6.0%}")
@@ -298,6 +310,8 @@ def main() -> None:
     options.add_argument("--tokens-per-step", type=integers, default=[1, 10], help="default 1,10")
     options.add_argument("--duration", type=float, default=10.0, help="measured seconds per run (default 10)")
     options.add_argument("--warmup", type=float, default=2.0, help="seconds before the window opens (default 2)")
+    options.add_argument("--step-ms", type=float, default=0.0,
+                         help="the engine's pace, ms per step (default 0: a step whenever the server asks)")
     options.add_argument("--retry-pause", type=float, default=0.1, help="seconds a client waits after a 429")
     options.add_argument("--git-ref", help="also measure this commit of ours (as server 'ref')")
     options.add_argument("--server-cmd", action="append", default=[], metavar="NAME=TEMPLATE",
@@ -324,7 +338,7 @@ def main() -> None:
     script = logs / "script.jsonl"
     completion_tokens = write_script(script)
     print(f"server on CPU {args.server_cpu}, client on CPU {args.client_cpu}; {args.warmup:g} s warm-up, "
-          f"{args.duration:g} s measured per run; ours streams {completion_tokens} tokens per request "
+          f"{args.duration:g} s measured per run; engine pace {args.step_ms:g} ms per step; ours streams {completion_tokens} tokens per request "
           f"({ANALYSIS_TOKENS} analysis + {FINAL_TOKENS} final text), bare {BARE_TOKENS}; "
           f"logs in {logs}\nK = tokens per engine step, C = concurrent streams; us/tok = server CPU per token\n",
           flush=True)
@@ -335,7 +349,7 @@ def main() -> None:
         try:
             for name in names:
                 if kinds[name].every_k or tokens_per_step == 1:
-                    servers.append(Server(kinds[name], tokens_per_step, script, args.server_cpu, logs))
+                    servers.append(Server(kinds[name], tokens_per_step, args.step_ms, script, args.server_cpu, logs))
             for server in servers:
                 server.wait_healthy()
             for index, concurrency in enumerate(args.concurrency):

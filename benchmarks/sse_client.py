@@ -5,10 +5,12 @@ keep-alive connection and sends the same pre-built POST back to back; the respon
 `asyncio.Protocol` straight from `data_received` (no stream reader, no coroutine switch per read): the status
 line and headers, chunked transfer coding, and SSE frames split on blank lines. Per frame it only counts;
 the first frame carrying content or reasoning text gives TTFT, later frames give inter-frame gaps, and the
-frame before `data: [DONE]` (the usage chunk, `stream_options.include_usage`) gives the tokens. Frames read in
+frame before `data: [DONE]` (the usage chunk, `stream_options.include_usage`) gives the tokens: tokens in the
+window are its frames times the tokens per frame of the streams of the run that ended (of the request sent
+alone, when none did). Frames read in
 one `data_received` share one timestamp, so a gap of 0 means they arrived together.
 
-One request is sent alone first (its usage says how many tokens a frame stands for); then the C clients start
+One request is sent alone first (it checks the answer; its usage is the fallback for tokens per frame); then the C clients start
 and, after `warmup` seconds, the window opens for `duration` seconds; then every connection is aborted. Frames,
 gaps, completions, 429s (rejected; the client pauses `retry_pause` and sends again) and errors are counted in
 the window; TTFT is every first text frame from the start of the warm-up to the window's end, since with many
@@ -48,13 +50,16 @@ class LoadStats:
     # warm-up included: at high concurrency the first wave is the one that shows whether admission is fair).
     ttft: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)  # between frames of one stream after its first text, in the window
-    # All streams that ended with usage, window or not: how many tokens one frame stands for.
+    # Streams that ended with usage (those of the run, once one has): how many tokens one frame stands for.
     usage_tokens: int = 0
     usage_frames: int = 0
 
     def tokens(self) -> float:
         """Tokens delivered in the window: frames received times the tokens per frame of finished streams."""
-        return self.frames * self.usage_tokens / self.usage_frames if self.usage_frames else 0.0
+        return self.frames * self.tokens_per_frame()
+
+    def tokens_per_frame(self) -> float:
+        return self.usage_tokens / self.usage_frames if self.usage_frames else 0.0
 
 
 class StreamingConnection(asyncio.Protocol):
@@ -247,6 +252,8 @@ async def run_load(host: str, port: int, request: bytes, concurrency: int, warmu
         raise ProbeFailed(f"the first request failed: {exc!r}") from None
     if status != 200 or not stats.usage_frames:
         raise ProbeFailed(f"the first request got status {status} and no usage chunk")
+    alone = stats.usage_tokens, stats.usage_frames
+    stats.usage_tokens = stats.usage_frames = 0  # a stream under load may carry more tokens per frame
 
     stats.phase = "warmup"
     tasks = [asyncio.create_task(client()) for _ in range(concurrency)]
@@ -256,6 +263,8 @@ async def run_load(host: str, port: int, request: bytes, concurrency: int, warmu
     await asyncio.sleep(duration)
     stats.phase = "over"
     cpu_after, times_after, end = server_cpu(), os.times(), time.perf_counter()
+    if not stats.usage_frames:  # no stream of the run ended: the one sent alone is all we know
+        stats.usage_tokens, stats.usage_frames = alone
     waits = [end - sent for sent in (c.waiting_since() for c in connections) if sent is not None]
     for connection in list(connections):
         if connection.transport is not None:
