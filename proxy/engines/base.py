@@ -1,8 +1,9 @@
 """The one narrow interface every engine implements: prompt token ids in, generated token ids out.
 
 `Engine.generate(request)` returns an async iterator of `Step`s. Each step carries the newly generated token
-ids (one or many: engines with a stream interval send several at once), including the stop token that ended
-generation, because the Harmony parser needs to see `<|call|>`. The last step carries the finish reason and
+ids (one or many: engines with a stream interval send several at once, and an engine that ran ahead of its
+consumer hands on everything that waited as one step, so a busy server sends one frame where it would have
+sent many), including the stop token that ended generation, because the Harmony parser needs to see `<|call|>`. The last step carries the finish reason and
 the token counts. Closing the iterator early (`aclose()`, or cancelling the task that iterates it) cancels
 the request: the engine must stop its work and free its slot at once.
 
