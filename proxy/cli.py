@@ -31,7 +31,6 @@ from proxy.engines.scripted import ScriptError, read_script, scripted_engine
 from proxy.engines.trtllm_args import GUIDED_DECODING_BACKENDS, LlmArgsError, TrtllmFlags, llm_arguments
 from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
-from proxy.listener import Server
 from proxy.metrics import Metrics
 from proxy.responses.store import SQLiteResponseStore
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
@@ -195,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     app = create_app(state, on_engine_failure=engine_failed)
     freeze_startup_objects()
-    server = Server(uvicorn.Config(app, **uvicorn_options(args)))
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(args)))
     server.run()
     if failures:
         print(f"harmony-proxy: error: the {state.engine.name} engine failed to start: {failures[0]}", file=sys.stderr)
@@ -218,6 +217,8 @@ def runtime() -> tuple[str, str]:
 
 def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     loop, http = runtime()
+    if loop == "uvloop":
+        loop = "proxy.listener:new_event_loop"  # uvloop that accepts every waiting connection (proxy/listener.py)
     return {"host": args.host, "port": args.port, "loop": loop, "http": http, "log_config": None,
             "log_level": args.log_level, "timeout_graceful_shutdown": args.shutdown_timeout,
             "access_log": False}  # ours (proxy/access_log.py) has the request id, tokens and timings

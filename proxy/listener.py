@@ -6,6 +6,9 @@ the kernel's accept queue for up to 7 s while the first ones streamed (TTFT p99 
 asyncio's own loop takes up to 100 connections per wake-up). A second reader on a duplicate of each listening
 socket empties the queue whenever it is readable and hands each connection to the server's protocol, exactly as
 the server's own accept would; the loop's accept then finds the queue empty.
+
+uvicorn runs on `new_event_loop` (its `loop` setting, see `proxy/cli.py`) where uvloop is installed; asyncio's
+own loop needs none of this.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from typing import Any
 
-import uvicorn
+import uvloop
 
 logger = logging.getLogger("harmony_proxy")
 
@@ -53,23 +57,35 @@ def accept_eagerly(listener: socket.socket, protocol_factory: Callable[[], async
     return stop
 
 
-class Server(uvicorn.Server):
-    """uvicorn's server, with every listening socket drained by `accept_eagerly`."""
+class EagerAcceptLoop(uvloop.Loop):
+    """uvloop, with the listening sockets of every server it creates drained by `accept_eagerly`.
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.should_exit:
-            return
-        config = self.config
+    A loop rather than a server class, so that uvicorn builds it wherever it serves (`new_event_loop` is its
+    `loop` setting): in the one server process, and in each `--workers` process its supervisor starts."""
 
-        def protocol() -> asyncio.Protocol:  # what uvicorn's startup gives its listeners
-            return config.http_protocol_class(config=config, server_state=self.server_state,
-                                              app_state=self.lifespan.state)
+    async def create_server(self, protocol_factory: Callable[[], asyncio.Protocol], *args: Any,  # type: ignore[override]
+                            **kwargs: Any) -> _EagerServer:
+        server = await super().create_server(protocol_factory, *args, **kwargs)
+        stops = [accept_eagerly(listener, protocol_factory) for listener in server.sockets]
+        logger.info("process %d accepts every waiting connection at once", os.getpid())
+        return _EagerServer(server, stops)
 
-        self._stop_accepting = [accept_eagerly(listener, protocol)
-                                for server in self.servers for listener in server.sockets]
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        for stop in getattr(self, "_stop_accepting", ()):
-            stop()  # no new connections from here on, as uvicorn closes its listeners
-        await super().shutdown(sockets)
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    return EagerAcceptLoop()
+
+
+class _EagerServer:
+    """The loop's server; closing it stops the eager accept too (no new connections while shutting down)."""
+
+    def __init__(self, server: asyncio.AbstractServer, stops: list[Callable[[], None]]) -> None:
+        self._server, self._stops = server, stops
+
+    def close(self) -> None:
+        for stop in self._stops:
+            stop()
+        self._stops = []
+        self._server.close()
+
+    def __getattr__(self, name: str) -> Any:  # sockets, wait_closed, ...: the loop's server answers
+        return getattr(self._server, name)

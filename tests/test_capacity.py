@@ -159,6 +159,7 @@ def test_workers_share_the_port_and_the_first_log_lines_say_so(tmp_path: Path) -
         output = stop(process)
     assert "event loop uvloop, HTTP parser httptools, 2 worker processes" in output.splitlines()[0]
     assert output.count("Started server process") == 2
+    assert output.count("accepts every waiting connection at once") == 2  # each worker drains its accept queue
     assert output.count("admitting 8 requests at once per worker, 8 more in line") == 2
 
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+import time
 
 import httpx
+import pytest
 import uvicorn
 import uvloop
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from proxy.listener import Server, accept_eagerly
+from proxy.listener import accept_eagerly, new_event_loop
 
 BURST = 300
 BUSY_TASKS = 300
@@ -71,25 +74,42 @@ def test_a_burst_is_accepted_within_a_few_busy_iterations() -> None:
     uvloop.run(main())
 
 
-def test_the_server_serves_and_stops_with_eager_accept() -> None:
-    async def hello(request: object) -> PlainTextResponse:
-        return PlainTextResponse("hello")
+def test_uvicorn_serves_on_the_eager_loop() -> None:
+    async def loop_name(request: object) -> PlainTextResponse:
+        return PlainTextResponse(type(asyncio.get_running_loop()).__name__)
 
-    app = Starlette(routes=[Route("/", hello)])
-
-    async def main() -> None:
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        port = listener.getsockname()[1]
-        server = Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        serving = asyncio.create_task(server.serve(sockets=[listener]))
-        while not server.started:
-            await asyncio.sleep(0.01)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            replies = await asyncio.gather(*(client.get("/") for _ in range(50)))
-        assert [reply.text for reply in replies] == ["hello"] * 50
+    app = Starlette(routes=[Route("/", loop_name)])
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    address = listener.getsockname()
+    # What the CLI gives uvicorn (proxy/cli.py uvicorn_options), in one process or in each worker.
+    server = uvicorn.Server(uvicorn.Config(app, loop="proxy.listener:new_event_loop", log_level="warning",
+                                           lifespan="off"))
+    serving = threading.Thread(target=server.run, kwargs={"sockets": [listener]})
+    serving.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with httpx.Client(base_url=f"http://{address[0]}:{address[1]}") as client:
+            assert {client.get("/").text for _ in range(20)} == {"EagerAcceptLoop"}
+    finally:
         server.should_exit = True
-        await serving
+        serving.join(10)
         listener.close()
 
-    uvloop.run(main())
+
+def test_closing_a_server_of_the_eager_loop_stops_accepting_at_once() -> None:
+    """uvicorn closes its servers first when it shuts down; the duplicate socket must not go on accepting."""
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(asyncio.Protocol, "127.0.0.1", 0)
+        address = server.sockets[0].getsockname()
+        socket.create_connection(address, timeout=2).close()  # accepted while serving
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(address, timeout=2).close()
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        runner.run(main())
