@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/load_bench.py --git-ref 37e9190     # ... and a previous commit of ours
     .venv/bin/python benchmarks/load_bench.py --concurrency 64,1024 --tokens-per-step 1 --duration 5
     .venv/bin/python benchmarks/load_bench.py --servers ours,bare --ours-args="--workers 2"
-    .venv/bin/python benchmarks/load_bench.py --step-ms 0.5                # an engine with a pace of its own
+    .venv/bin/python benchmarks/load_bench.py --step-ms 1                  # an engine with a pace of its own
     .venv/bin/python benchmarks/load_bench.py --server-cmd 'other={python} -m other --port {port}'
 
 Servers, each a subprocess pinned to `--server-cpu` (default CPU 0; the client runs on `--client-cpu`, 1):
@@ -22,7 +22,8 @@ the server asks for one, after one turn of the event loop, so every step is a fr
 of a frame. A pace P > 0 is an engine that, like a GPU, makes a step every P ms whatever the server does (ours'
 `--token-delay-ms`; bare sleeps P ms between chunks, as a server written the usual way would pace them): a
 server that falls behind it finds several steps waiting, and ours sends them as one frame (tok/frame shows how
-many tokens a frame carried on average).
+many tokens a frame carried on average). Use whole milliseconds: uvloop's timers and clock have a resolution of
+one, so at 0.5 ms the steps come two at a time.
 
 For each tokens-per-step K (default 1 and 10) the servers are started together and, for each concurrency C
 (default 64, 256, 1024), measured one after the other (the first to go turns with each C): one request alone (it checks the answer and gives the
