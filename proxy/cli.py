@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     playback = serve.add_argument_group("scripted and mock engines")
     playback.add_argument("--script", type=Path, help="JSON Lines completions for --engine scripted")
-    playback.add_argument("--token-delay-ms", type=float, default=0.0, help="delay between engine steps")
+    playback.add_argument("--token-delay-ms", type=float, default=0.0,
+                          help="the engine's pace: a step every N ms for every request (default 0: when asked)")
     playback.add_argument("--tokens-per-step", type=int, default=1,
                           help="tokens per engine step (TensorRT-LLM's stream_interval); default 1")
 
