@@ -63,8 +63,9 @@ class EagerAcceptLoop(uvloop.Loop):
     A loop rather than a server class, so that uvicorn builds it wherever it serves (`new_event_loop` is its
     `loop` setting): in the one server process, and in each `--workers` process its supervisor starts."""
 
-    async def create_server(self, protocol_factory: Callable[[], asyncio.Protocol], *args: Any,  # type: ignore[override]
-                            **kwargs: Any) -> _EagerServer:
+    async def create_server(  # type: ignore[override]
+        self, protocol_factory: Callable[[], asyncio.Protocol], *args: Any, **kwargs: Any
+    ) -> _EagerServer:
         server = await super().create_server(protocol_factory, *args, **kwargs)
         stops = [accept_eagerly(listener, protocol_factory) for listener in server.sockets]
         logger.info("process %d accepts every waiting connection at once", os.getpid())

@@ -76,7 +76,8 @@ def test_a_paced_engine_hands_a_late_consumer_every_step_generated_meanwhile(voc
         assert steps[-1].finish_reason == "stop" and steps[-1].usage.completion_tokens == len(whole)
     assert all(len(step.token_ids) == 1 for step in prompt[:-1])
     assert len(late[1].token_ids) >= 4  # the steps of the 45 ms it was away
-    assert late_took < prompt_took + 0.02  # the pace is the engine's: falling behind did not slow it down
+    # The pace is the engine's: falling behind did not slow it down (it would take 45 ms longer if it did).
+    assert late_took < prompt_took + 0.03
 
 
 def test_every_generation_field_reaches_the_engine(serve: Callable[..., LiveServer], vocab: Vocab) -> None:
