@@ -23,6 +23,9 @@ from proxy.responses.store import SQLiteResponseStore
 from proxy.state import ServerState
 from tests.grammars import session_matchers
 
+# The MCP servers' fixtures; a plugin module, because it needs LiveServer from here.
+pytest_plugins = ["tests.mcp_servers"]
+
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "openai/gpt-oss-20b"
 

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from mcp.server.mcpserver import Context, MCPServer
 from starlette.responses import JSONResponse
 
@@ -214,3 +215,36 @@ def unstarted(server: MCPServer, record: Record | None = None) -> tuple[str, Cal
     live = LiveServer(Recording(server.streamable_http_app(), record or Record()))
     return live.base_url + "/mcp", live.start
 
+
+# Module-scoped servers for the tests that talk MCP (made available to every test module by tests/conftest.py).
+
+
+@pytest.fixture(scope="module")
+def weather() -> Iterator[Running]:
+    with serving(weather_server()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def weather_sse() -> Iterator[Running]:
+    with serving(weather_server(), transport="sse") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def trouble() -> Iterator[Running]:
+    record = Record()
+    with serving(trouble_server(record), record=record) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Running]:
+    with serving(browser_server()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def python() -> Iterator[Running]:
+    with serving(python_server(), transport="sse") as running:
+        yield running

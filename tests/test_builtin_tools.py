@@ -4,7 +4,7 @@ events (checked against the openai SDK's types), the Harmony the model sees, and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -15,7 +15,7 @@ from parsers.stream import OutputParser
 from proxy.engines.scripted import scripted_engine
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
-from tests.mcp_servers import PAGES, Running, browser_server, python_server, serving
+from tests.mcp_servers import PAGES, Running
 from tests.test_e2e_chat import client_for
 from tests.test_mcp_loop import ANSWER, kinds, stream, validate_events, validate_response
 
@@ -25,18 +25,6 @@ OPEN = '<|channel|>analysis to=browser.open code<|message|>{"id":"https://weathe
 FIND = '<|channel|>analysis to=browser.find<|message|>{"pattern":"Rain"}<|call|>'
 PYTHON = "<|channel|>analysis<|message|>Compute.<|end|><|start|>assistant<|channel|>analysis to=python code<|message|>" \
          "print(6 * 7)<|call|>"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Running]:
-    with serving(browser_server()) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def python() -> Iterator[Running]:
-    with serving(python_server(), transport="sse") as running:
-        yield running
 
 
 def test_web_search_runs_gpt_oss_browser_through_the_tool_server(serve: Callable[..., LiveServer], vocab: Any,

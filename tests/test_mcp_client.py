@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
 
 import pytest
 from starlette.applications import Starlette
@@ -35,25 +34,6 @@ from tests.mcp_servers import (
 
 SECRET = "Bearer s3cr3t-token-0123456789"
 LIMITS = McpLimits(connect_timeout=10, list_timeout=10, call_timeout=10)
-
-
-@pytest.fixture(scope="module")
-def weather() -> Iterator[Running]:
-    with serving(weather_server()) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def weather_sse() -> Iterator[Running]:
-    with serving(weather_server(), transport="sse") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def trouble() -> Iterator[Running]:
-    record = Record()
-    with serving(trouble_server(record), record=record) as running:
-        yield running
 
 
 def run(coroutine):

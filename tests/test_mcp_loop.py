@@ -9,7 +9,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from proxy.responses.hosted_request import ApprovalPolicy, ToolFilter
 from proxy.server_tools.listing import McpTool
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
-from tests.mcp_servers import Record, Running, serving, trouble_server, weather_server
+from tests.mcp_servers import Running
 from tests.test_e2e_chat import client_for
 
 set_tracing_disabled(True)
@@ -98,25 +98,6 @@ def kinds(events: list[dict[str, Any]]) -> list[str]:
     """Event types, runs of one delta type written once."""
     types = [event["type"] for event in events]
     return [t for i, t in enumerate(types) if i == 0 or t != types[i - 1] or not t.endswith(".delta")]
-
-
-@pytest.fixture(scope="module")
-def weather() -> Iterator[Running]:
-    with serving(weather_server()) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def weather_sse() -> Iterator[Running]:
-    with serving(weather_server(), transport="sse") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def trouble() -> Iterator[Running]:
-    record = Record()
-    with serving(trouble_server(record), record=record) as running:
-        yield running
 
 
 def allowing(*servers: Running) -> tuple[str, ...]:
