@@ -107,7 +107,8 @@ class PlaybackEngine:
                     reached = await clock.reach(step_number)
                     steps, step_number = reached - step_number + 1, reached + 1  # those made while we were away
                 step: list[int] = []
-                while len(step) < steps * self._tokens_per_step and generated < limit:
+                take = steps * self._tokens_per_step
+                while len(step) < take and generated < limit:
                     token = tokens[generated]
                     generated += 1
                     step.append(token)
