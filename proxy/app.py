@@ -89,7 +89,6 @@ def create_app(
         },
         lifespan=lifespan,
         middleware=[
-            Middleware(KeepRawSend),
             Middleware(RequestObserver, metrics=state.metrics, model=state.config.served_model_name,
                        routes=routes, log_requests=state.config.log_requests),
             *([Middleware(APIKeyMiddleware, api_key=state.config.api_key, public=public)]
@@ -97,6 +96,8 @@ def create_app(
         ],
     )
     routes.update({route.endpoint: route.path for route in app.routes if isinstance(route, Route)})
+    # Outside even Starlette's outermost middleware, which wraps `send` too: stream frames skip every wrapper.
+    app.middleware_stack = KeepRawSend(app.build_middleware_stack())
     app.state.harmony = state
     return app
 

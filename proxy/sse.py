@@ -79,7 +79,8 @@ class KeepRawSend:
     """ASGI middleware: keep the server's `send` in the scope for `EventStream`.
 
     Starlette wraps `send` in a coroutine at two layers (to know whether a response started); per frame that
-    was a tenth of the server's CPU in the profile. The start of a stream still goes through them.
+    was a tenth of the server's CPU in the profile. The start of a stream still goes through them. It wraps the
+    whole middleware stack (`proxy/app.py`), so the `send` it keeps is the server's own.
     """
 
     def __init__(self, app: ASGIApp) -> None:
