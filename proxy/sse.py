@@ -43,8 +43,10 @@ class EventStream:
         send = scope.get(RAW_SEND, send)  # the framework knows the response started; frames go past its wrappers
         # The frames are pumped by a task of their own: resuming it after each engine step then goes through a
         # few coroutine frames, not through every middleware layer that awaits this response.
-        pump = asyncio.create_task(self._pump(send))
-        watcher = asyncio.create_task(self._watch(receive, send, pump))
+        loop = asyncio.get_running_loop()
+        pings = _Pings(send, self._ping_interval)
+        pump = loop.create_task(self._pump(send, pings))
+        watcher = loop.create_task(self._watch(receive, pump))
         try:
             await pump
         except asyncio.CancelledError:
@@ -53,26 +55,55 @@ class EventStream:
                 raise
         finally:
             watcher.cancel()
+            pings.cancel()
 
-    async def _pump(self, send: Send) -> None:
+    async def _pump(self, send: Send, pings: _Pings) -> None:
         try:
             async for chunk in self._frames:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await pings.stop()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await close_shielded(self._frames)  # type: ignore[arg-type]
 
-    async def _watch(self, receive: Receive, send: Send, pump: asyncio.Task[None]) -> None:
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), self._ping_interval)
-            except TimeoutError:
-                await send({"type": "http.response.body", "body": PING, "more_body": True})
-                continue
-            if message["type"] == "http.disconnect":
-                self._client_left = True
-                pump.cancel()
-                return
+    async def _watch(self, receive: Receive, pump: asyncio.Task[None]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._client_left = True
+        pump.cancel()
+
+
+class _Pings:
+    """A comment frame every `interval` seconds, so idle proxies keep the stream open while the model thinks.
+
+    A timer, not a timeout on the watcher's `receive` (`asyncio.wait_for` costs two tasks per request); a ping is
+    sent by a task of its own, between two frames (`send` only waits when the client stops reading)."""
+
+    def __init__(self, send: Send, interval: float) -> None:
+        self._send = send
+        self._interval = interval
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(interval, self._due)
+        self._sending: asyncio.Task[None] | None = None
+
+    def _due(self) -> None:
+        if self._sending is None or self._sending.done():
+            self._sending = self._loop.create_task(self._ping())
+        self._timer = self._loop.call_later(self._interval, self._due)
+
+    async def _ping(self) -> None:
+        await self._send({"type": "http.response.body", "body": PING, "more_body": True})
+
+    async def stop(self) -> None:
+        """No more pings; one on its way is sent first (nothing may follow the stream's end)."""
+        self._timer.cancel()
+        if self._sending is not None:
+            await self._sending
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+        if self._sending is not None:
+            self._sending.cancel()
 
 
 class KeepRawSend:
