@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.disconnect import close_shielded
+from proxy.frame_writes import FrameWrites, StreamWriter
 
 RAW_SEND = "harmony_proxy.send"  # scope key of the server's own `send` (see KeepRawSend)
+FRAME_WRITES = "harmony_proxy.frame_writes"  # scope key of the app's FrameWrites (see KeepRawSend)
 DONE = b"data: [DONE]\n\n"
 PING = b": ping\n\n"
 _HEADERS = [
@@ -41,11 +43,13 @@ class EventStream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
         send = scope.get(RAW_SEND, send)  # the framework knows the response started; frames go past its wrappers
+        writes: FrameWrites | None = scope.get(FRAME_WRITES)
         # The frames are pumped by a task of their own: resuming it after each engine step then goes through a
         # few coroutine frames, not through every middleware layer that awaits this response.
         loop = asyncio.get_running_loop()
         pings = _Pings(send, self._ping_interval)
-        pump = loop.create_task(self._pump(send, pings))
+        pump = loop.create_task(self._pump(send, pings) if writes is None else
+                                self._pump_together(send, writes.writer(send), pings))
         watcher = loop.create_task(self._watch(receive, pump))
         try:
             await pump
@@ -64,6 +68,20 @@ class EventStream:
             await pings.stop()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            await close_shielded(self._frames)  # type: ignore[arg-type]
+
+    async def _pump_together(self, send: Send, writer: StreamWriter, pings: _Pings) -> None:
+        """`_pump`, each frame written with those of the other streams in this turn (proxy/frame_writes.py)."""
+        try:
+            async for chunk in self._frames:
+                if writer.waiting:
+                    await writer.ready()
+                writer.queue(chunk)
+            await writer.drain()
+            await pings.stop()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            writer.discard()
             await close_shielded(self._frames)  # type: ignore[arg-type]
 
     async def _watch(self, receive: Receive, pump: asyncio.Task[None]) -> None:
@@ -116,8 +134,10 @@ class KeepRawSend:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self.frame_writes = FrameWrites()  # the streams of this app write their frames together
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             scope[RAW_SEND] = send
+            scope[FRAME_WRITES] = self.frame_writes
         await self.app(scope, receive, send)

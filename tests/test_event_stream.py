@@ -1,4 +1,5 @@
-"""`EventStream`, the SSE response, as an ASGI application: frames, keep-alive pings, and a client leaving."""
+"""`EventStream`, the SSE response, as an ASGI application: frames, keep-alive pings, and a client leaving; and
+`FrameWrites`, which writes every stream's frames of one turn of the event loop together."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from proxy.sse import PING, RAW_SEND, EventStream
+import pytest
+
+from proxy.frame_writes import FrameWrites
+from proxy.sse import FRAME_WRITES, PING, RAW_SEND, EventStream
 
 
 class Client:
@@ -37,11 +41,16 @@ async def slow_frames(count: int, pause: float, closed: list[bool]) -> AsyncGene
         closed.append(True)
 
 
-def test_pings_keep_an_idle_stream_open_and_stop_at_its_end() -> None:
+def scope(together: bool) -> dict[str, Any]:
+    return {"type": "http", FRAME_WRITES: FrameWrites()} if together else {"type": "http"}
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_pings_keep_an_idle_stream_open_and_stop_at_its_end(together: bool) -> None:
     async def main() -> Client:
         client, closed = Client(), []
         stream = EventStream(slow_frames(3, 0.12, closed), ping_interval=0.05)
-        await stream({"type": "http"}, client.receive, client.send)
+        await stream(scope(together), client.receive, client.send)
         assert closed == [True]
         return client
 
@@ -52,11 +61,12 @@ def test_pings_keep_an_idle_stream_open_and_stop_at_its_end() -> None:
     assert client.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
 
 
-def test_frames_go_to_the_servers_own_send_when_it_is_kept() -> None:
+@pytest.mark.parametrize("together", [False, True])
+def test_frames_go_to_the_servers_own_send_when_it_is_kept(together: bool) -> None:
     async def main() -> tuple[Client, Client]:
         wrapped, raw = Client(), Client()
         stream = EventStream(slow_frames(2, 0, []))
-        await stream({"type": "http", RAW_SEND: raw.send}, wrapped.receive, wrapped.send)
+        await stream({**scope(together), RAW_SEND: raw.send}, wrapped.receive, wrapped.send)
         return wrapped, raw
 
     wrapped, raw = asyncio.run(main())
@@ -64,14 +74,15 @@ def test_frames_go_to_the_servers_own_send_when_it_is_kept() -> None:
     assert raw.bodies() == [b"data: 0\n\n", b"data: 1\n\n", b""]
 
 
-def test_a_client_that_leaves_stops_the_frames_at_once() -> None:
+@pytest.mark.parametrize("together", [False, True])
+def test_a_client_that_leaves_stops_the_frames_at_once(together: bool) -> None:
     async def main() -> tuple[Client, list[bool], float]:
         client, closed = Client(), []
         stream = EventStream(slow_frames(1000, 0.01, closed), ping_interval=0.02)
         loop = asyncio.get_running_loop()
         loop.call_later(0.1, client.left.set)
         began = loop.time()
-        await stream({"type": "http"}, client.receive, client.send)
+        await stream(scope(together), client.receive, client.send)
         return client, closed, loop.time() - began
 
     client, closed, took = asyncio.run(main())
@@ -79,3 +90,93 @@ def test_a_client_that_leaves_stops_the_frames_at_once() -> None:
     assert took < 1.0
     assert all(m.get("more_body", True) for m in client.sent)  # no end of response for nobody
     assert len(client.bodies()) < 100
+
+
+def test_the_frames_of_one_turn_are_written_together_and_a_streams_own_are_joined() -> None:
+    async def main() -> None:
+        writes, log = FrameWrites(), []
+
+        def recorder(name: str) -> Any:
+            async def send(message: dict[str, Any]) -> None:
+                log.append((name, message["body"]))
+            return send
+
+        a, b = writes.writer(recorder("a")), writes.writer(recorder("b"))
+        a.queue(b"1")
+        b.queue(b"x")
+        a.queue(b"2")  # an engine that had two steps waiting: one write
+        assert log == []  # nothing before the turn ends
+        await asyncio.sleep(0)
+        assert log == [("a", b"12"), ("b", b"x")]
+        b.queue(b"y")
+        await b.drain()  # written now, not at the end of the turn
+        assert log[-1] == ("b", b"y")
+
+    asyncio.run(main())
+
+
+def test_a_client_that_stops_reading_holds_back_its_own_stream_only() -> None:
+    async def main() -> None:
+        writes, log = FrameWrites(), []
+        readable = asyncio.get_running_loop().create_future()
+        ended = []
+
+        async def slow(message: dict[str, Any]) -> None:
+            try:
+                await readable  # as uvicorn waits for the socket to drain
+                log.append(("slow", message["body"]))
+            finally:
+                ended.append(True)
+
+        async def fast(message: dict[str, Any]) -> None:
+            log.append(("fast", message["body"]))
+
+        stalled, flowing = writes.writer(slow), writes.writer(fast)
+        stalled.queue(b"s1")
+        flowing.queue(b"f1")
+        await asyncio.sleep(0)
+        assert log == [("fast", b"f1")]
+        assert stalled.waiting and not flowing.waiting
+        flowing.queue(b"f2")
+        await asyncio.sleep(0)
+        assert log[-1] == ("fast", b"f2")  # the other stream goes on
+        ready = asyncio.ensure_future(stalled.ready())
+        await asyncio.sleep(0.01)
+        assert not ready.done()  # its stream waits for the client before queueing more
+        readable.set_result(None)
+        await ready
+        assert log[-1] == ("slow", b"s1") and not stalled.waiting
+
+        blocked = asyncio.get_running_loop().create_future()
+
+        async def never(message: dict[str, Any]) -> None:
+            try:
+                await blocked
+            finally:
+                ended.append(False)
+
+        gone = writes.writer(never)
+        gone.queue(b"z")
+        await asyncio.sleep(0)
+        gone.discard()  # the client left: the waiting write is dropped, its send ended
+        await asyncio.sleep(0.01)
+        assert ended == [True, False]
+
+    asyncio.run(main())
+
+
+def test_a_write_that_fails_is_raised_at_the_streams_next_frame() -> None:
+    async def main() -> None:
+        writes = FrameWrites()
+
+        async def broken(message: dict[str, Any]) -> None:
+            raise OSError("the connection is gone")
+
+        writer = writes.writer(broken)
+        writer.queue(b"x")
+        await asyncio.sleep(0)
+        assert writer.waiting
+        with pytest.raises(OSError, match="gone"):
+            await writer.ready()
+
+    asyncio.run(main())
