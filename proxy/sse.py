@@ -1,9 +1,10 @@
 """Server-sent events, written straight to the ASGI `send`.
 
 A stream is an async iterator of bytes; each item holds the whole SSE frames of one engine step, and is one
-`send`. Nothing runs per frame but that `send`: a watcher task per stream (not per frame) notices the client
-leaving, which cancels the stream (closing the frame iterator, and so the engine request), and keeps idle
-proxies open with a comment while the model thinks. sse-starlette wrapped every frame in a cancel scope and a
+`send`, made with those of the other streams at the end of the loop's turn (`proxy/frame_writes.py`). Nothing
+else runs per frame: a watcher task per stream (not per frame) notices the client leaving, which cancels the
+stream (closing the frame iterator, and so the engine request), and a timer keeps idle proxies open with a
+comment while the model thinks. sse-starlette wrapped every frame in a cancel scope and a
 timeout, which cost more than everything else on the token path (the profile in the README's benchmarks).
 """
 
@@ -125,7 +126,7 @@ class _Pings:
 
 
 class KeepRawSend:
-    """ASGI middleware: keep the server's `send` in the scope for `EventStream`.
+    """ASGI middleware: keep the server's `send`, and the app's `FrameWrites`, in the scope for `EventStream`.
 
     Starlette wraps `send` in a coroutine at two layers (to know whether a response started); per frame that
     was a tenth of the server's CPU in the profile. The start of a stream still goes through them. It wraps the
