@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import resource
 import socket
@@ -77,7 +78,7 @@ async def write_frames(way: str, servers: list[socket.socket], frame: bytes, fra
     else:
         for sock in servers:
             sock.setblocking(True)  # a reader that falls behind makes us wait, not fail
-        writers = [lambda data, fd=sock.fileno(): os.write(fd, data) for sock in servers]
+        writers = [functools.partial(os.write, sock.fileno()) for sock in servers]
     rounds = max(1, frames // len(writers))
     before, began = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for _ in range(rounds):
@@ -89,7 +90,8 @@ async def write_frames(way: str, servers: list[socket.socket], frame: bytes, fra
         transport.close()
     await asyncio.sleep(0.1)  # the transports close on the loop
     count = rounds * len(writers)
-    return (after.ru_utime - before.ru_utime) / count * 1e6, (after.ru_stime - before.ru_stime) / count * 1e6, count / took
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    return user / count * 1e6, system / count * 1e6, count / took
 
 
 def main() -> None:

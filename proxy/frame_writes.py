@@ -3,9 +3,10 @@
 Why: a frame written to a socket whose reader sleeps costs the kernel a wake-up of that reader, billed to the
 writer: 7-11 us of system time per frame when frames leave ~15 us apart (the Python work of the next stream in
 between), 3-8 us when they leave back to back, as the reader is then often still busy with the previous ones
-(benchmarks/send_floor.py); in the server at 64 streams, 8-9.5 us per frame fell to 6-8 us. So a stream queues its frame here, and one callback per loop turn, scheduled by the
-first frame of the turn, writes them all. A frame waits for the rest of the turn, not for a timer; a stream
-that queues twice in one turn (an engine that had several steps waiting) has its frames joined in one write.
+(benchmarks/send_floor.py); in the server at 64 streams, 8-9.5 us per frame fell to 6-8 us. So a stream queues its
+frame here, and one callback per loop turn, scheduled by the first frame of the turn, writes them all. A frame
+waits for the rest of the turn, not for a timer; a stream that queues twice in one turn (an engine that had
+several steps waiting) has its frames joined in one write.
 
 Each write is the server's ASGI `send`, driven by hand so that the whole batch goes out in one callback: it
 finishes at once unless the client stopped reading (uvicorn then waits for the socket to drain), and only then

@@ -44,13 +44,12 @@ class EventStream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
         send = scope.get(RAW_SEND, send)  # the framework knows the response started; frames go past its wrappers
-        writes: FrameWrites | None = scope.get(FRAME_WRITES)
+        writes: FrameWrites = scope.get(FRAME_WRITES) or FrameWrites()  # outside KeepRawSend: the stream's own
         # The frames are pumped by a task of their own: resuming it after each engine step then goes through a
         # few coroutine frames, not through every middleware layer that awaits this response.
         loop = asyncio.get_running_loop()
         pings = _Pings(send, self._ping_interval)
-        pump = loop.create_task(self._pump(send, pings) if writes is None else
-                                self._pump_together(send, writes.writer(send), pings))
+        pump = loop.create_task(self._pump(send, writes.writer(send), pings))
         watcher = loop.create_task(self._watch(receive, pump))
         try:
             await pump
@@ -62,17 +61,8 @@ class EventStream:
             watcher.cancel()
             pings.cancel()
 
-    async def _pump(self, send: Send, pings: _Pings) -> None:
-        try:
-            async for chunk in self._frames:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await pings.stop()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        finally:
-            await close_shielded(self._frames)  # type: ignore[arg-type]
-
-    async def _pump_together(self, send: Send, writer: StreamWriter, pings: _Pings) -> None:
-        """`_pump`, each frame written with those of the other streams in this turn (proxy/frame_writes.py)."""
+    async def _pump(self, send: Send, writer: StreamWriter, pings: _Pings) -> None:
+        """Each frame is written with those of the other streams in this turn (proxy/frame_writes.py)."""
         try:
             async for chunk in self._frames:
                 if writer.waiting:

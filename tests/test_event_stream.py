@@ -42,6 +42,7 @@ async def slow_frames(count: int, pause: float, closed: list[bool]) -> AsyncGene
 
 
 def scope(together: bool) -> dict[str, Any]:
+    """Under KeepRawSend, streams share the app's FrameWrites; else each stream has its own."""
     return {"type": "http", FRAME_WRITES: FrameWrites()} if together else {"type": "http"}
 
 
