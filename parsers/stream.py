@@ -9,6 +9,10 @@ a special token or header text into an item's text. It recovers from what gpt-os
 - a missing or repeated `<|start|>assistant`;
 - `<|start|>` or `<|channel|>` inside a message body: an implicit end of that message;
 - text with no header at all: final content;
+- a message closed (`<|end|>`, `<|return|>`, `<|call|>`) before its `<|message|>` came (missing, or a stray token
+  in its place): the recognisable header, the rest its text (unless punctuation alone); a header that outgrows MAX_HEADER_BYTES is read the
+  same way, and its message goes on. A header a new `<|start|>` interrupts was abandoned: dropped;
+- a bare channel name right before `<|channel|>`: header debris, dropped;
 - a malformed header, or one addressed to a namespace other than `functions` (`browser.search`, `python`):
   that message is skipped whole, the rest is kept; unless the namespace is one the parser was given (tools the
   server runs: an MCP server's, or the built-in `browser` and `python` offered), whose messages are server calls;
@@ -25,7 +29,7 @@ import enum
 from collections.abc import Sequence
 
 from parsers.events import Event, ItemDone, ItemKind, ItemStarted
-from parsers.header import Header, Marker, could_start_header, parse_header
+from parsers.header import Header, Marker, could_start_header, is_header_fragment, parse_header, split_unmarked_message
 from parsers.vocab import Vocab
 
 # A header longer than this is not a header: the message is skipped rather than buffered without bound.
@@ -62,6 +66,7 @@ class OutputParser:
         self._segments: list[tuple[Marker, bytearray]] = [(Marker.NONE, bytearray())]
         self._header_bytes = 0
         self._prefix_tokens = 0
+        self._segment_ends: list[int] = []  # where each token of the last header segment ends, in bytes
 
         self._item = -1  # index of the open item
         self._kind: ItemKind | None = None
@@ -133,9 +138,11 @@ class OutputParser:
             return
         piece = self._token_bytes[token]
         self._header_bytes += len(piece)
-        self._segments[-1][1].extend(piece)
+        segment = self._segments[-1][1]
+        segment.extend(piece)
         if mode is _Mode.HEADER:
-            if self._header_bytes > MAX_HEADER_BYTES:
+            self._segment_ends.append(len(segment))
+            if self._header_bytes > MAX_HEADER_BYTES and not self._open_unmarked(events):
                 self._mode = _Mode.SKIP_HEADER
             return
         # PREFIX: hold the text while it may still be a header; once it reads as prose it is bare content.
@@ -156,6 +163,8 @@ class OutputParser:
         if token in self._ends or token == self._start:
             if mode is _Mode.BODY:
                 self._close(complete=True, events=events)
+            elif mode is _Mode.HEADER and token != self._start and self._open_unmarked(events):
+                self._close(complete=True, events=events)
             elif mode is _Mode.PREFIX:
                 self._settle_prefix(complete=True, events=events)
             self._reset_header(_Mode.HEADER if token == self._start else _Mode.PREFIX)
@@ -170,6 +179,7 @@ class OutputParser:
             elif mode is _Mode.SKIP_HEADER:
                 return
             self._segments.append((marker, bytearray()))
+            self._segment_ends = []
             self._mode = _Mode.HEADER
         elif token == self._message:
             if mode is _Mode.PREFIX or mode is _Mode.HEADER:
@@ -182,7 +192,7 @@ class OutputParser:
         """Held text ended by a boundary: a complete header fragment is dropped, anything else was bare content."""
         held = bytes(self._segments[0][1])
         text = held.decode("utf-8", "replace")
-        if not text.strip() or could_start_header(text + " "):
+        if not text.strip() or is_header_fragment(text):
             return
         self._open(ItemKind.FINAL, None, events)
         self._item_tokens = self._prefix_tokens
@@ -199,6 +209,27 @@ class OutputParser:
         else:
             channel = header.channel if target[0] is ItemKind.SERVER_CALL and header is not None else None
             self._open(target[0], target[1], events, channel)
+
+    def _open_unmarked(self, events: list[Event]) -> bool:
+        """Open the item of a message whose `<|message|>` never came, with the text its header holds so far."""
+        segments = [(marker, bytes(text).decode("utf-8", "surrogateescape")) for marker, text in self._segments]
+        split = split_unmarked_message(segments)
+        if split is None:
+            return False
+        header, start = split
+        body_start = len(segments[-1][1][:start].encode("utf-8", "surrogateescape"))
+        body = bytes(self._segments[-1][1][body_start:])
+        target = _classify(header, self._namespaces)
+        if target is None or not _is_message(body, target[0]):
+            return False
+        channel = header.channel if target[0] is ItemKind.SERVER_CALL else None
+        self._open(target[0], target[1], events, channel)
+        self._item_tokens = sum(1 for end in self._segment_ends if end > body_start)
+        text = self._decoder.decode(body)
+        self._pending = bool(self._decoder.getstate()[0])
+        if text:
+            events.append(text)
+        return True
 
     # -- items ---------------------------------------------------------------------------------------
 
@@ -237,6 +268,15 @@ class OutputParser:
         self._segments = [(Marker.NONE, bytearray())]
         self._header_bytes = 0
         self._prefix_tokens = 0
+        self._segment_ends = []
+
+
+def _is_message(body: bytes, kind: ItemKind) -> bool:
+    """Whether what follows an unmarked header is a message: arguments of a call, or text with a word in it
+    (punctuation alone, `...?`, is what constrained decoding leaves behind in a header, seen from real gpt-oss)."""
+    if kind is ItemKind.TOOL_CALL or kind is ItemKind.SERVER_CALL:
+        return bool(body.strip())
+    return any(character.isalnum() for character in body.decode("utf-8", "replace"))
 
 
 def _classify(header: Header | None, namespaces: frozenset[str]) -> tuple[ItemKind, str | None] | None:

@@ -144,6 +144,27 @@ def collect(vocab: Vocab, text: str) -> list[tuple[str, str | None, str, bool]]:
         (" to=functions.f<|channel|>commentary json<|message|>{}<|call|>", [("tool_call", "f", "{}", True)]),
         ("assistant", []),
         ("\n\n<|channel|>final<|message|>x<|return|>", [("final", None, "x", True)]),
+        # a message closed before its <|message|> came (missing, or a stray token in its place): the header is what
+        # can be recognised, the rest is the message (issue 16)
+        ("<|channel|>analysis<|message|>User says hi.<|end|><|start|>assistant<|channel|>final*)__Hello!<|return|>",
+         [("reasoning", None, "User says hi.", True), ("final", None, "*)__Hello!", True)]),
+        ("<|channel|>commentary Hello<|end|>", [("preamble", None, "Hello", True)]),
+        ("<|channel|>commentary to=functions.f json {\"a\":1}<|call|>", [("tool_call", "f", '{"a":1}', True)]),
+        # ... but a header a new <|start|> interrupts was abandoned (see aldehir_unterminated_header_then_start)
+        ("<|channel|>final Hi<|start|>assistant<|channel|>final<|message|>x<|return|>", [("final", None, "x", True)]),
+        ("<|channel|>final<|end|>", []),
+        ("<|channel|>commentary ...?<|end|>", []),  # punctuation alone: constrained-decoding debris
+        ("<|channel|>commentary to=functions.f {}<|call|>", [("tool_call", "f", "{}", True)]),
+        ("<|channel|>commentary to=functions.f<|constrain|>json<|call|>", []),
+        ("<|channel|>final Hello", []),  # cut off before any boundary: still a half-written header
+        # a bare channel name right before <|channel|> is header debris; before an end it is what the model said
+        ("<|channel|>analysis<|message|>a<|end|>commentary<|channel|>commentary to=functions.get_weather json"
+         "<|message|>{}<|call|>", [("reasoning", None, "a", True), ("tool_call", "get_weather", "{}", True)]),
+        ("<|channel|>analysis<|message|>a<|end|>final<|channel|>final<|message|>Hi<|return|>",
+         [("reasoning", None, "a", True), ("final", None, "Hi", True)]),
+        ("<|channel|>analysis<|message|>a<|end|>final<|return|>", [("reasoning", None, "a", True), ("final", None, "final", True)]),
+        ("final answer<|return|>", [("final", None, "final answer", True)]),
+        ("analysis<|message|>thinking<|end|>", [("reasoning", None, "thinking", True)]),
         # special tokens inside a body are dropped, the body goes on
         ("<|channel|>final<|message|>a<|message|>b<|constrain|>c<|endoftext|>d<|return|>",
          [("final", None, "abcd", True)]),
@@ -155,8 +176,25 @@ def test_edge_cases(vocab: Vocab, completion: str, expected: list[tuple[str, str
 
 def test_a_header_too_long_to_be_one_skips_its_message(vocab: Vocab) -> None:
     junk = "word " * 400
-    text = f"<|channel|>commentary {junk}<|channel|>x<|message|>secret<|end|><|start|>assistant<|channel|>final<|message|>ok"
+    text = f"<|channel|>comment {junk}<|channel|>x<|message|>secret<|end|><|start|>assistant<|channel|>final<|message|>ok"
     assert collect(vocab, text) == [("final", None, "ok", False)]
+
+
+def test_a_long_message_after_a_stray_token_is_kept_whole(vocab: Vocab) -> None:
+    # Past MAX_HEADER_BYTES the header cannot be buffered any longer: its recognisable part decides, and the text
+    # goes on streaming as that message's.
+    answer = "".join(f"line {n} of the answer.\n" for n in range(200))
+    text = f"<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final*)__{answer}<|return|>"
+    assert collect(vocab, text) == [("reasoning", None, "a", True), ("final", None, f"*)__{answer}", True)]
+    tokens = vocab.encode_harmony(text)
+    for chunks in ([tokens], splits(tokens, 3)):
+        parser = OutputParser(vocab)
+        collector = ItemCollector()
+        for chunk in chunks:
+            collector.add(parser.feed(chunk))
+        collector.add(parser.finish())
+        assert collector.summary() == collect(vocab, text)
+        assert 0 < collector.items[1].token_count <= len(vocab.encode(f"*)__{answer}"))
 
 
 def test_split_multibyte_characters_decode_across_steps(vocab: Vocab) -> None:
