@@ -312,3 +312,49 @@ def test_workers_serve_each_others_background_responses(servers: Any) -> None:
         cancelled = server.request("POST", f"/v1/responses/{job['id']}/cancel").json()
         assert cancelled["status"] == "cancelled" and time.monotonic() - asked < 2
         assert server.get(job["id"]) == cancelled
+
+
+def test_clients_that_stop_reading_at_the_terminal_event_lose_nothing(tmp_path: Path) -> None:
+    """The openai SDK idiom `if event.type == "response.completed": break` closes the connection right after the
+    terminal event: the response must already be stored then, on whichever worker the next call lands."""
+    from openai import AsyncOpenAI, NotFoundError
+
+    script = tmp_path / "short.jsonl"
+    script.write_text(json.dumps({"completion": "<|channel|>final<|message|>Hello there.<|return|>"}) + "\n",
+                      encoding="utf-8")
+    server = ServerProcess(script, tmp_path / "store.sqlite3", tmp_path / "server.log", "--workers", "2",
+                           "--token-delay-ms", "0")
+    clients, rounds = 24, 5
+    broken: list[str | None] = []
+
+    async def client(number: int) -> list[str]:
+        sdk = AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        ids = []
+        previous = None
+        for turn in range(rounds):
+            try:  # each turn continues the last: a lost one is also a broken conversation
+                stream = await sdk.responses.create(model=MODEL, input=f"{number}/{turn}", stream=True,
+                                                    previous_response_id=previous)
+            except NotFoundError:
+                broken.append(previous)
+                stream = await sdk.responses.create(model=MODEL, input=f"{number}/{turn}", stream=True)
+            async with stream:
+                async for event in stream:
+                    if event.type == "response.completed":
+                        previous = event.response.id
+                        break
+            ids.append(previous)
+        await sdk.close()
+        return ids
+
+    async def run_all() -> list[str]:
+        return [i for ids in await asyncio.gather(*(client(n) for n in range(clients))) for i in ids]
+
+    try:
+        ids = asyncio.run(run_all())
+        assert len(set(ids)) == clients * rounds
+        lost = [i for i in ids if server.request("GET", f"/v1/responses/{i}").status_code != 200]
+        assert lost == [], f"{len(lost)} of {len(ids)} acknowledged responses lost"
+        assert broken == []
+    finally:
+        server.stop()

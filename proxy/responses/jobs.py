@@ -111,7 +111,10 @@ class BackgroundJobs:
     async def _generate(self, run: ResponseRun) -> None:
         try:
             await self._follow(run)
+            return  # the run saved its end (with `save_owned`) before its terminal event
         except asyncio.CancelledError:
+            if run.end_saved:  # cancelled while its end was being saved: that save stands
+                return
             self._halt(run)
         except _Lost:
             logger.warning("response %s was deleted or ended by another server process; stopped it", run.id)
@@ -128,7 +131,7 @@ class BackgroundJobs:
             async for batch in batches:
                 last = batch[-1] if batch else None
                 if type(last) is dict and last["type"] in _ENDED:
-                    continue  # the final save follows
+                    continue  # saved by the run already
                 now = time.monotonic()
                 if now - saved >= PROGRESS_EVERY or any(
                     type(payload) is dict and payload["type"] == "response.output_item.done" for payload in batch

@@ -53,19 +53,17 @@ async def create_response(request: Request) -> Response:
         outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
         output = _output(config, parsed)
         events = parsed_events(state.engine, engine_request, state.vocab, outcome)
-    stored = parsed.store and state.responses is not None
-    run = ResponseRun(response_id, parsed, items, output, outcome, events, stored)
-    if parsed.background:
-        await state.responses.save(run.record())  # queued; `background` requires store, checked above
+    store = state.responses if parsed.store else None
+    if parsed.background:  # `background` requires a store, checked above; the job's process owns the record
+        run = ResponseRun(response_id, parsed, items, output, outcome, events, state.responses.save_owned)
+        await state.responses.save(run.record())  # queued
         state.jobs.start(run)
         return JSONResponse(run.resource())
+    run = ResponseRun(response_id, parsed, items, output, outcome, events, store.save if store else None)
     await unless_disconnected(request, run.start())
     if parsed.stream:
-        return EventStream(_frames(run, state))
-    final = await unless_disconnected(request, _complete(run))
-    if stored:
-        await state.responses.save(run.record())
-    return JSONResponse(final)
+        return EventStream(_frames(run))
+    return JSONResponse(await unless_disconnected(request, _complete(run)))  # the run saved it (run.py)
 
 
 def _generation(state: ServerState, parsed: ResponsesRequest, response_id: str,
@@ -197,9 +195,7 @@ async def _complete(run: ResponseRun) -> dict[str, Any]:
     return last["response"]
 
 
-async def _frames(run: ResponseRun, state: ServerState) -> AsyncGenerator[bytes, None]:
+async def _frames(run: ResponseRun) -> AsyncGenerator[bytes, None]:
     writer = EventWriter()
-    async for batch in run.batches():
+    async for batch in run.batches():  # the run saves itself before its terminal event (run.py)
         yield writer.frames(batch)
-    if run.request.store and state.responses is not None:
-        await state.responses.save(run.record())

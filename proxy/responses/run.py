@@ -5,13 +5,19 @@ terminal event (`response.completed`, `.incomplete` or `.failed`) last; text del
 for `proxy/responses/frames.py` to write. A non-streamed or background response consumes the same events
 through `events()`, which leaves the deltas out (the items hold their text), so all three give the same
 response object.
+
+A stored run saves its finished record *before* it yields the terminal event, whichever path consumes it (plain,
+streamed, background, server-side tool loop; a WebSocket transport alike): a client that has seen
+`response.completed` may stop reading at once, and the response it was told about must then be there to GET or
+to continue. The save is shielded: the consumer's cancellation cannot undo it once it began.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from parsers.events import Event
@@ -25,7 +31,9 @@ from proxy.responses.server_output import ToolEvent
 from proxy.responses.store import StoredResponse
 
 # The parser's events of each engine step; with server-side tools, also the tool loop's (proxy/responses/tool_loop.py).
+logger = logging.getLogger("harmony_proxy")
 RunEvents = AsyncGenerator[list[Event | ToolEvent], None]
+Save = Callable[[StoredResponse], Awaitable[object]]  # a store's `save` or `save_owned`
 _TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
 
 
@@ -38,8 +46,9 @@ class ResponseRun:
         output: ResponseOutput,
         outcome: Outcome,
         events: RunEvents,
-        stored: bool,
+        save: Save | None,
     ) -> None:
+        """`save` stores the finished response before its terminal event is yielded; None when not stored."""
         self.id = response_id
         self.request = request
         self.input_items = input_items
@@ -47,7 +56,8 @@ class ResponseRun:
         self._output = output
         self._outcome = outcome
         self._events = events
-        self._stored = stored
+        self._save = save
+        self._saving: asyncio.Task[object] | None = None
         self._first: list[Event | ToolEvent] | None = None
         self._status = "queued" if request.background else "in_progress"
         self._error: dict[str, str] | None = None
@@ -91,17 +101,18 @@ class ResponseRun:
         finally:
             await close_shielded(self._events)
         self._completed_at = int(time.time())
+        await self._save_finished()
         yield [*closing, {"type": _TERMINAL.get(self._status, "response.failed"), "response": self.resource()}]
 
     def resource(self) -> dict[str, Any]:
-        finished = self._status not in ("queued", "in_progress")
+        finished = self.finished
         return response_object(
             self.request,
             self.id,
             self.created_at,
             self._status,
             self._output.items(),
-            stored=self._stored,
+            stored=self._save is not None,
             usage=self._outcome.usage if finished else None,
             reasoning_tokens=self._outcome.reasoning_tokens,
             error=self._error,
@@ -110,6 +121,27 @@ class ResponseRun:
 
     def record(self) -> StoredResponse:
         return StoredResponse(self.resource(), self.input_items)
+
+    @property
+    def finished(self) -> bool:
+        return self._status not in ("queued", "in_progress")
+
+    @property
+    def end_saved(self) -> bool:
+        """Its finished record was handed to the store (see `_save_finished`)."""
+        return self._saving is not None
+
+    async def _save_finished(self) -> None:
+        """Store the finished response. In a task of its own, so that a consumer cancelled meanwhile (the client
+        left) cannot interrupt it; a save that fails makes the response fail, rather than announce it stored."""
+        if self._save is None:
+            return
+        self._saving = asyncio.ensure_future(self._save(self.record()))
+        try:
+            await asyncio.shield(self._saving)
+        except Exception:
+            logger.exception("saving response %s failed", self.id)
+            self._fail("server_error", "The response could not be stored.")
 
     def cancel(self) -> None:
         self._output.close_open()
