@@ -29,6 +29,7 @@ from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import ScriptError, read_script, scripted_engine
 from proxy.engines.trtllm_args import GUIDED_DECODING_BACKENDS, LlmArgsError, TrtllmFlags, llm_arguments
+from proxy.engines.routing import ROUTERS
 from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
 from proxy.metrics import Metrics
@@ -163,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     upstream.add_argument("--upstream-model", help="the model name the upstream serves (default: --served-model-name)")
     upstream.add_argument("--upstream-api-key", default=os.environ.get("HARMONY_PROXY_UPSTREAM_API_KEY"),
                           help="sent as a bearer token (or set HARMONY_PROXY_UPSTREAM_API_KEY)")
+    upstream.add_argument(
+        "--upstream-routing", choices=ROUTERS, default="cache-aware",
+        help="which of several --upstream-url replicas serves a request: cache-aware (where the prompt's longest "
+             "prefix went, bounded by load; session keys as hints) or round-robin")
     upstream.add_argument("--upstream-connect-timeout", type=float, default=5.0, help="seconds")
     upstream.add_argument("--upstream-read-timeout", type=float, default=600.0, help="seconds between chunks")
     return parser
@@ -356,7 +361,7 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab, config: Ser
             raise StartupError("--engine upstream needs --upstream-url http://host:port/v1 (repeatable)")
         return UpstreamEngine(vocab, args.upstream_url, args.upstream_model or config.served_model_name,
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
-                              args.upstream_read_timeout, args.upstream_guided_decoding)
+                              args.upstream_read_timeout, args.upstream_guided_decoding, args.upstream_routing)
     return _trtllm_engine(args, vocab)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,7 @@ def generation_request(
     max_model_len: int,
     prompt_param: str = "messages",
     max_tokens_param: str = "max_tokens",
+    routing_hints: tuple[str, ...] = (),
 ) -> GenerationRequest:
     """Check the prompt and token budget against the context window; a 400 like OpenAI's if they do not fit."""
     prompt_length = len(prompt_token_ids)
@@ -98,4 +100,17 @@ def generation_request(
         min_tokens=options.min_tokens,
         ignore_eos=options.ignore_eos,
     )
-    return GenerationRequest(request_id, prompt_token_ids, sampling, constraint)
+    return GenerationRequest(request_id, prompt_token_ids, sampling, constraint, routing_hints)
+
+
+# Headers by which clients name their session: Codex (`session-id`, `thread-id`), opencode and TensorRT-LLM's
+# router (`x-session-id`, `x-session-affinity`), Dynamo-style correlation ids.
+SESSION_HEADERS = ("session-id", "x-session-id", "x-session-affinity", "thread-id", "x-correlation-id")
+
+
+def routing_hints(headers: Mapping[str, str], *keys: object) -> tuple[str, ...]:
+    """The session keys of a request, for routing it where its session went: `keys` (body fields such as
+    previous_response_id and prompt_cache_key, most specific first) and then the session headers."""
+    hints = [key for key in keys if isinstance(key, str) and key]
+    hints += [f"{name}:{headers[name]}" for name in SESSION_HEADERS if headers.get(name)]
+    return tuple(hints)

@@ -51,6 +51,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     parallel_tool_calls: bool
+    prompt_cache_key: str | None = None  # a routing hint only (proxy/engines/routing.py)
 
 
 async def read_chat_request(request: Request, default_effort: str, tools: ToolCatalog) -> ChatRequest:
@@ -117,6 +118,7 @@ def parse_chat_request(body: dict[str, Any], default_effort: str, tools: ToolCat
         stream=bool(body.get("stream")),
         include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
         parallel_tool_calls=parallel,
+        prompt_cache_key=body.get("prompt_cache_key"),
     )
 
 

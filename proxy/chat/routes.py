@@ -17,7 +17,7 @@ from proxy.engines.base import EngineError
 from proxy.errors import from_engine
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
-from proxy.options import generation_request
+from proxy.options import generation_request, routing_hints
 from proxy.sse import DONE, EventStream, data_frame
 from proxy.state import ServerState
 
@@ -37,6 +37,7 @@ async def chat_completions(request: Request) -> Response:
         chat.constraint,
         state.vocab,
         state.config.max_model_len,
+        routing_hints=routing_hints(request.headers, chat.prompt_cache_key),
     )
     outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
     events = parsed_events(state.engine, engine_request, state.vocab, outcome)

@@ -74,6 +74,9 @@ class GenerationRequest:
     prompt_token_ids: list[int]
     sampling: SamplingParams
     constraint: OutputConstraint = field(default_factory=OutputConstraint)
+    # Keys of the session the request continues (a previous response's id, a prompt_cache_key, a session
+    # header), most specific first: engines with several replicas route on them (proxy/engines/routing.py).
+    routing_hints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ decoding field, in the dialect of the upstream's grammar backend: see `GuidedDec
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -32,6 +31,7 @@ import httpx
 
 from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
+from proxy.engines.routing import Router, make_router
 from proxy.engines.upstream_constraints import GuidedDecoding
 
 logger = logging.getLogger("harmony_proxy.engine")
@@ -70,6 +70,7 @@ class UpstreamEngine:
         connect_timeout: float = 5.0,
         read_timeout: float = 600.0,
         guided_decoding: str | None = None,
+        routing: str = "cache-aware",
     ) -> None:
         if not urls:
             raise ValueError("the upstream engine needs at least one --upstream-url")
@@ -80,7 +81,7 @@ class UpstreamEngine:
         self.guided = GuidedDecoding(flavor, guided_decoding)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=read_timeout)
-        self._turns = itertools.cycle(range(len(self._urls)))
+        self.router: Router = make_router(routing, len(self._urls))
         self._client: httpx.AsyncClient | None = None
 
     @property
@@ -105,7 +106,8 @@ class UpstreamEngine:
             )
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
-        response, url = await self._open(self._body(request))
+        response, replica = await self._open(self._body(request), request)
+        url = self._urls[replica]
         try:
             async for step in self._steps(response, url, request):
                 yield step
@@ -116,6 +118,7 @@ class UpstreamEngine:
                 code="upstream_error",
             ) from exc
         finally:
+            self.router.finished(replica)
             await response.aclose()  # closing the stream is how the upstream learns to abort the request
 
     def _body(self, request: GenerationRequest) -> dict[str, Any]:
@@ -133,14 +136,15 @@ class UpstreamEngine:
             **guided,
         }
 
-    async def _open(self, body: dict[str, Any]) -> tuple[httpx.Response, str]:
-        """Send to the next upstream in turn; fail over to the others while nothing has been received."""
+    async def _open(self, body: dict[str, Any], request: GenerationRequest) -> tuple[httpx.Response, int]:
+        """Send to the replica the router picks; fail over to the others, in its order, while nothing has been
+        received. Returns the open stream and the replica's index."""
         if self._client is None:
             raise EngineError("The upstream engine is not started.", status=503)
-        first = next(self._turns)
+        route = self.router.route(request.prompt_token_ids, request.routing_hints)
         problems = []
-        for offset in range(len(self._urls)):
-            url = self._urls[(first + offset) % len(self._urls)]
+        for replica in route.order:
+            url = self._urls[replica]
             try:
                 response = await self._client.send(
                     self._client.build_request("POST", url + "/completions", json=body), stream=True
@@ -149,7 +153,8 @@ class UpstreamEngine:
                 problems.append(f"{_public(url)}: {_describe(exc)}")
                 continue
             if response.status_code == 200:
-                return response, url
+                self.router.sent(route, replica, request.request_id)
+                return response, replica
             message = await _error_message(response)
             if response.status_code in _RETRY_STATUSES:
                 problems.append(f"{_public(url)}: HTTP {response.status_code} {message}")

@@ -14,7 +14,7 @@ from proxy.engines.base import GenerationRequest
 from proxy.errors import APIError, invalid_request
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
-from proxy.options import generation_request
+from proxy.options import generation_request, routing_hints
 from proxy.responses.frames import EventWriter
 from proxy.responses.hosted import HostedTools
 from proxy.responses.hosted import resolve as resolve_hosted
@@ -49,7 +49,8 @@ async def create_response(request: Request) -> Response:
             request, _tool_loop(state, parsed, history, items, response_id))
     else:
         engine_request = _generation(state, parsed, response_id,
-                                     await state.renderer.render_off_loop(prompt_for(parsed, history, items)))
+                                     await state.renderer.render_off_loop(prompt_for(parsed, history, items)),
+                                     _hints(request, parsed))
         outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
         output = _output(config, parsed)
         events = parsed_events(state.engine, engine_request, state.vocab, outcome)
@@ -67,9 +68,19 @@ async def create_response(request: Request) -> Response:
 
 
 def _generation(state: ServerState, parsed: ResponsesRequest, response_id: str,
-                prompt: list[int]) -> GenerationRequest:
+                prompt: list[int], hints: tuple[str, ...] = ()) -> GenerationRequest:
     return generation_request(response_id, prompt, parsed.options, parsed.constraint(), state.vocab,
-                              state.config.max_model_len, prompt_param="input", max_tokens_param="max_output_tokens")
+                              state.config.max_model_len, prompt_param="input", max_tokens_param="max_output_tokens",
+                              routing_hints=hints)
+
+
+def _hints(request: Request, parsed: ResponsesRequest) -> tuple[str, ...]:
+    """Where the conversation went before: the previous response, the conversation, the client's cache key."""
+    body = parsed.body
+    conversation = body.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+    return routing_hints(request.headers, body.get("previous_response_id"), conversation, body.get("prompt_cache_key"))
 
 
 def _output(config: ServerConfig, parsed: ResponsesRequest, hosted: HostedTools | None = None) -> ResponseOutput:
