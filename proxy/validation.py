@@ -114,18 +114,21 @@ def refuse_unsupported(body: dict[str, Any], unsupported: dict[str, str]) -> Non
             raise invalid_request(f"`{name}` is not supported: {reason}.", param=name, code="unsupported_parameter")
 
 
-def check_tool_types(tools: Any, catalog: ToolCatalog) -> None:
-    """Not too many tools (first: nothing else should have to look at 5,000 of them), and only function tools:
-    another type is a 400 naming it (before the schema, whose message would be vaguer)."""
+def check_tool_types(tools: Any, catalog: ToolCatalog, accepted: frozenset[str] = frozenset({"function"}),
+                     refused: dict[str, str] | None = None) -> None:
+    """Not too many tools (first: nothing else should have to look at 5,000 of them), and only the tool types the API
+    serves here (`accepted`): another type is a 400 naming it and saying why (`refused`: type -> reason), before the
+    schema, whose message would be vaguer."""
     try:
         catalog.check_count(tools)
     except ToolError as exc:
         raise invalid_request(str(exc), param=exc.param, code=exc.code) from None
     for position, tool in enumerate(tools if isinstance(tools, list) else []):
         kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
+        if kind not in accepted:
+            reason = (refused or {}).get(kind) if isinstance(kind, str) else None
             raise invalid_request(
-                f"Tool type {kind!r} is not supported: declare function tools only.",
+                f"Tool type {kind!r} is not supported: {reason or 'declare ' + ', '.join(sorted(accepted)) + ' tools'}.",
                 param=f"tools[{position}].type",
                 code="invalid_value",
             )

@@ -18,13 +18,16 @@ import httpx
 import pytest
 from openai.types.chat import (
     ChatCompletionAssistantMessageParam,
+    ChatCompletionContentPartParam,
     ChatCompletionContentPartTextParam,
     ChatCompletionDeveloperMessageParam,
     ChatCompletionFunctionToolParam,
     ChatCompletionMessageFunctionToolCallParam,
+    ChatCompletionMessageParam,
     ChatCompletionStreamOptionsParam,
     ChatCompletionSystemMessageParam,
     ChatCompletionToolMessageParam,
+    ChatCompletionToolUnionParam,
     ChatCompletionUserMessageParam,
 )
 from openai.types.chat import completion_create_params as chat_params
@@ -32,11 +35,14 @@ from openai.types.responses import (
     EasyInputMessageParam,
     FunctionToolParam,
     ResponseFunctionToolCallParam,
+    ResponseInputContentParam,
+    ResponseInputItemParam,
     ResponseInputTextParam,
     ResponseOutputMessageParam,
     ResponseOutputTextParam,
     ResponseReasoningItemParam,
     ResponseTextConfigParam,
+    ToolParam,
 )
 from openai.types.responses import response_create_params as responses_params
 from openai.types.responses.response_input_item_param import FunctionCallOutput
@@ -358,3 +364,98 @@ def test_values_that_would_change_the_answer_are_refused(
     error = response.json()["error"]
     assert error["param"] == param and error["code"] == "unsupported_parameter", error
     assert "not supported" in error["message"] or "not offered" in error["message"]
+
+
+# -- every kind of tool, input item and content part the SDK knows ----------------------------------------------------
+# The unions of the SDK's request types, walked: each member's `type` (or `role`) is served here (its fields are
+# checked by the surfaces above), or refused with a 400 that names it and says why. A kind the SDK adds later fails
+# `test_every_sdk_kind_is_classified` until it is decided (and documented in the README).
+
+
+def union_kinds(union: Any) -> set[str]:
+    """The discriminators (`type`, else `role`) of a union's TypedDict members; Literal members are left out."""
+    kinds: set[str] = set()
+    for member in typing.get_args(union) or (union,):
+        if typing.get_origin(member) is typing.Union:
+            kinds |= union_kinds(member)
+            continue
+        if not hasattr(member, "__required_keys__"):
+            continue
+        hints = typing.get_type_hints(member)
+        hint = hints.get("type", hints.get("role"))
+        while typing.get_origin(hint) is typing.Union:  # Optional[Literal[...]]
+            hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+        kinds |= set(typing.get_args(hint))
+    return kinds
+
+
+@dataclass(frozen=True)
+class Kinds:
+    """One union of the SDK: the kinds served here, and how to send one kind alone."""
+
+    name: str
+    union: Any
+    path: str
+    served: frozenset[str]
+    send: Callable[[str], dict[str, Any]]  # kind -> the request body, model aside
+    param: str  # where the refusal points
+
+
+KINDS = [
+    Kinds("responses tools", ToolParam, RESPONSES,
+          frozenset({"function", "mcp", "web_search", "web_search_2025_08_26", "web_search_preview",
+                     "web_search_preview_2025_03_11", "code_interpreter"}),
+          lambda kind: {"input": "Hi", "tools": [{"type": kind}]}, "tools[0].type"),
+    Kinds("responses input items", ResponseInputItemParam, RESPONSES,
+          frozenset({"message", "reasoning", "function_call", "function_call_output", "item_reference",
+                     "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response", "web_search_call",
+                     "code_interpreter_call"}),
+          lambda kind: {"input": [QUESTION, {"type": kind}]}, "input[1].type"),
+    Kinds("responses content parts", ResponseInputContentParam, RESPONSES, frozenset({"input_text"}),
+          lambda kind: {"input": [{"role": "user", "content": [{"type": kind}]}]}, "input[0].content[0]"),
+    Kinds("responses tool_choice", responses_params.ToolChoice, RESPONSES, frozenset({"function"}),
+          lambda kind: {"input": "Hi", "tools": [TOOL], "tool_choice": {"type": kind}}, "tool_choice.type"),
+    Kinds("chat tools", ChatCompletionToolUnionParam, CHAT, frozenset({"function"}),
+          lambda kind: chat([QUESTION], tools=[{"type": kind}]), "tools[0].type"),
+    Kinds("chat content parts", ChatCompletionContentPartParam, CHAT, frozenset({"text"}),
+          lambda kind: chat([{"role": "user", "content": [{"type": kind}]}]), "messages[0].content[0]"),
+    Kinds("chat messages", ChatCompletionMessageParam, CHAT,
+          frozenset({"developer", "system", "user", "assistant", "tool"}),
+          lambda kind: chat([QUESTION, {"role": kind, "name": "f", "content": "x"}]), "messages[1].role"),
+    Kinds("chat tool_choice", chat_params.ChatCompletionToolChoiceOptionParam, CHAT, frozenset({"function"}),
+          lambda kind: chat([QUESTION], tools=[WEATHER], tool_choice={"type": kind}), "tool_choice.type"),
+]
+KINDS_BY_NAME = {kinds.name: kinds for kinds in KINDS}
+
+
+@pytest.mark.parametrize("kinds", KINDS, ids=lambda kinds: kinds.name)
+def test_every_sdk_kind_is_classified(kinds: Kinds) -> None:
+    known = union_kinds(kinds.union)
+    assert kinds.served <= known, "a kind served here is no longer in the SDK"
+    assert known, "the SDK's union could not be read"
+
+
+@pytest.mark.parametrize(("union", "kind"), [(kinds.name, kind) for kinds in KINDS
+                                             for kind in sorted(union_kinds(kinds.union) - kinds.served)])
+def test_each_kind_not_served_is_refused_with_a_reason(server: LiveServer, union: str, kind: str) -> None:
+    kinds = KINDS_BY_NAME[union]
+    response = httpx.post(server.base_url + kinds.path, json={"model": MODEL, **kinds.send(kind)}, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == kinds.param, error
+    message = error["message"]
+    assert repr(kind) in message and "not supported" in message and "Unrecognized" not in message, message
+    assert message.split("not supported", 1)[1].strip(" .:"), f"no reason given: {message}"
+
+
+# Fields clients send that the SDK does not declare (yet): accepted, documented in the README.
+BEYOND_THE_SDK = [
+    (RESPONSES, {"input": "Hi", "client_metadata": {"session_id": "0199", "turn_id": "7", "x-codex-turn-metadata":
+                                                    '{"sandbox":"seatbelt"}'}}),  # Codex, every request
+]
+
+
+@pytest.mark.parametrize(("path", "body"), BEYOND_THE_SDK)
+def test_fields_beyond_the_sdk_that_clients_send_are_accepted(server: LiveServer, path: str, body: dict[str, Any]) -> None:
+    response = httpx.post(server.base_url + path, json={"model": MODEL, **body}, timeout=30)
+    assert response.status_code == 200, response.text

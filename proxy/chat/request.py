@@ -29,7 +29,7 @@ from parsers.conversation import (
     ToolResult,
     UserMessage,
 )
-from proxy.chat.schema import CHAT_REQUEST, MESSAGE_NULL_ONLY, MESSAGES, NEUTRAL, UNSUPPORTED
+from proxy.chat.schema import CHAT_REQUEST, MESSAGE_NULL_ONLY, MESSAGES, NEUTRAL, REFUSED_TOOLS, UNSUPPORTED
 from proxy.engines.base import OutputConstraint
 from proxy.errors import invalid_request
 from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types
@@ -63,8 +63,13 @@ def parse_chat_request(body: dict[str, Any], default_effort: str, tools: ToolCat
     """`tools` checks and remembers tool declarations and bounds their number and size (defaults: a new one)."""
     catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
-    check_tool_types(body.get("tools"), catalog)
+    check_tool_types(body.get("tools"), catalog, refused=REFUSED_TOOLS)
     refuse_tool_choice_types(body.get("tool_choice"))
+    for position, message in enumerate(body.get("messages") if isinstance(body.get("messages"), list) else []):
+        if isinstance(message, dict) and message.get("role") == "function":
+            raise invalid_request("Messages with role 'function' are not supported: send the result of the deprecated "
+                                  "function call as a `tool` message.", param=f"messages[{position}].role",
+                                  code="unsupported_parameter")
     check(body, _REQUEST)
     for position, message in enumerate(body["messages"]):
         _refuse_null_only(message, f"messages[{position}]")

@@ -178,6 +178,9 @@ UNSUPPORTED = {
     "moderation": "no moderation model runs here; moderate input and output in your application",
 }
 
+# Tool types of the API other than functions: a 400 naming the type, with the reason.
+REFUSED_TOOLS = {"custom": "custom (freeform) tools are served by the Responses API (/v1/responses) here"}
+
 # Neutral values of fields we accept but cannot vary.
 NEUTRAL = {
     "frequency_penalty": (0, "frequency penalties are not supported"),

@@ -7,6 +7,7 @@ inputs and outputs, chain included), then the new input; only the new request's 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ from proxy.ids import new_id
 from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types
 from proxy.options import response_format as _format
 from proxy.responses.hosted_request import HostedRequest, split_server_tools
-from proxy.responses.schema import ITEMS, RESPONSES_REQUEST, UNSUPPORTED
+from proxy.responses.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.server_items import ID_PREFIXES, ServerItems
 from proxy.responses.store import ResponseStore
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
@@ -41,6 +42,10 @@ _ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
 _ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_",
               **ID_PREFIXES}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
+# What the model reads in place of an image a tool returned.
+IMAGE_NOTE = "[The tool returned an image here. This model reads text only, so the image is not shown.]"
+
+logger = logging.getLogger("harmony_proxy")
 
 
 @dataclass
@@ -80,7 +85,7 @@ def parse_responses_request(
     catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
     body, hosted = split_server_tools(body)  # from here on `body` holds the function tools only
-    check_tool_types(body.get("tools"), catalog)
+    check_tool_types(body.get("tools"), catalog, refused=REFUSED_TOOLS)
     refuse_tool_choice_types(body.get("tool_choice"))
     check(body, _REQUEST)
     _refuse_unhonoured(body)
@@ -201,7 +206,9 @@ def _normalize(item: Any, position: int) -> dict[str, Any]:
         raise invalid_request("Each input item must be an object.", param=where)
     kind = item.get("type") or ("message" if "role" in item else "item_reference")
     if not isinstance(kind, str) or kind not in _ITEM:
-        raise invalid_request(f"Input item type {kind!r} is not supported.", param=f"{where}.type", code="invalid_value")
+        reason = REFUSED_ITEMS.get(kind) if isinstance(kind, str) else None
+        raise invalid_request(f"Input item type {kind!r} is not supported" + (f": {reason}." if reason else "."),
+                              param=f"{where}.type", code="invalid_value")
     if kind in ("function_call", "function_call_output") and item.get("namespace") is not None:
         raise invalid_request("Namespaced tools are not supported: calls and their outputs belong to functions.",
                               param=f"{where}.namespace", code="unsupported_parameter")
@@ -273,13 +280,22 @@ def _is_preamble(items: list[dict[str, Any]], position: int) -> bool:
 
 
 def _output_text(output: Any, where: str) -> str:
+    """A tool's output as text. An image in it (Codex's `view_image`) becomes a short note, so the session goes on:
+    gpt-oss reads text only, and the image stays in the client's history, so a 400 would fail every later turn."""
     if isinstance(output, str):
         return output
+    texts = []
     for index, part in enumerate(output):
-        if part["type"] not in _TEXT_PARTS:
-            raise invalid_request(f"Function output part type {part['type']!r} is not supported: text only.",
-                                  param=f"{where}.output[{index}]", code="unsupported_content")
-    return "\n".join(part.get("text", "") for part in output)
+        if part["type"] == "input_image":
+            logger.info("%s.output[%d]: an image in a tool output was replaced by a text note (gpt-oss reads text "
+                        "only)", where, index)
+            texts.append(IMAGE_NOTE)
+        elif part["type"] not in _TEXT_PARTS:
+            raise invalid_request(f"Tool output part type {part['type']!r} is not supported: text only (an image "
+                                  "becomes a note).", param=f"{where}.output[{index}]", code="unsupported_content")
+        else:
+            texts.append(part.get("text", ""))
+    return "\n".join(texts)
 
 
 def _tool_choice(value: Any) -> ToolChoice:

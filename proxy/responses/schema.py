@@ -99,6 +99,47 @@ UNSUPPORTED = {
     "moderation": "no moderation model runs here; moderate input and output in your application",
 }
 
+# Tool types of the API that no server runs here and the model cannot call: a 400 naming the type, with the reason.
+# (gpt-oss's own built-in tools, web_search and code_interpreter, are served by a --tool-server: hosted_request.py.)
+REFUSED_TOOLS = {
+    "file_search": "there are no vector stores here; declare a function tool that searches your files",
+    "computer": "gpt-oss has no computer-use tool",
+    "computer_use_preview": "gpt-oss has no computer-use tool",
+    "image_generation": "no image model runs here",
+    "local_shell": "declare the shell as a function tool",
+    "shell": "declare the shell as a function tool",
+    "apply_patch": "declare apply_patch as a custom (freeform) or function tool",
+    "tool_search": "every tool is declared to the model up front here (`defer_loading` is ignored), so there is "
+                   "nothing to search",
+    "programmatic_tool_calling": "programmatic tool calling is not offered: the model calls tools directly",
+    "namespace": "namespace tools are not supported yet",
+    "custom": "custom (freeform) tools are not supported yet",
+}
+# Input item types of the API that this server cannot put into a gpt-oss prompt: a 400 naming the type, with the reason.
+REFUSED_ITEMS = {
+    "file_search_call": "file search never runs here",
+    "computer_call": "gpt-oss has no computer-use tool",
+    "computer_call_output": "gpt-oss has no computer-use tool",
+    "image_generation_call": "no image model runs here",
+    "local_shell_call": "the shell is a function tool here: send function_call items",
+    "local_shell_call_output": "the shell is a function tool here: send function_call_output items",
+    "shell_call": "the shell is a function tool here: send function_call items",
+    "shell_call_output": "the shell is a function tool here: send function_call_output items",
+    "apply_patch_call": "apply_patch is a custom or function tool here: send its call items",
+    "apply_patch_call_output": "apply_patch is a custom or function tool here: send its call output items",
+    "tool_search_call": "every tool is declared up front here, so there is no tool search",
+    "tool_search_output": "every tool is declared up front here, so there is no tool search",
+    "program": "programmatic tool calling is not offered",
+    "program_output": "programmatic tool calling is not offered",
+    "compaction": "server-side compaction is not offered here: send the conversation's items, or compact it yourself",
+    "compaction_trigger": "server-side compaction is not offered here: send the conversation's items, or compact it "
+                          "yourself",
+    "configuration_update": "send `reasoning` and `text` with the request instead",
+    "additional_tools": "additional_tools items are not supported yet",
+    "custom_tool_call": "custom (freeform) tools are not supported yet",
+    "custom_tool_call_output": "custom (freeform) tools are not supported yet",
+}
+
 RESPONSES_REQUEST: dict[str, Any] = _object([], {
     "model": _STRING,
     "input": {"anyOf": [_STRING, {"type": "array", "items": {"type": "object"}}]},
@@ -149,6 +190,8 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
     # refused in request.py.
     "include": {"type": ["array", "null"], "items": {"enum": INCLUDABLE}},
     "user": {"type": ["string", "null"]},
+    # Codex's ids of the installation, session, thread and turn: they describe the caller, not the answer.
+    "client_metadata": {"type": ["object", "null"]},
     "safety_identifier": {"type": ["string", "null"]},
     "prompt_cache_key": {"type": ["string", "null"]},
     "service_tier": {"enum": [*SERVICE_TIERS, None]},
