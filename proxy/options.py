@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parsers.conversation import ResponseFormat
+from parsers.conversation import Instructions, Item, ResponseFormat
 from parsers.vocab import Vocab
 from proxy.engines.base import GenerationRequest, OutputConstraint, SamplingParams
 from proxy.errors import invalid_request
@@ -61,12 +61,36 @@ def refuse_tool_choice_types(value: Any) -> None:
         )
 
 
+# Harmony has three reasoning levels; the APIs' six efforts map onto them. gpt-oss always reasons, so `none` and
+# `minimal` get its shortest reasoning, and `xhigh` its longest.
+HARMONY_EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+API_EFFORTS = list(HARMONY_EFFORT)
+
+# `verbosity` (text.verbosity, or Chat's verbosity): gpt-oss has no control of its own, so low and high become one
+# line of the developer instructions; medium, the default, adds nothing.
+VERBOSITY_NOTES = {
+    "low": "Verbosity: low. Keep the final answer short: say only what the user needs.",
+    "high": "Verbosity: high. Make the final answer thorough: explain the details and the reasons.",
+}
+
+
 def reasoning_effort(default: str, *sources: tuple[str, str | None]) -> str:
-    """The first effort given, in the order of `sources` (name, value); the server default otherwise."""
+    """The Harmony level of the first effort given, in the order of `sources` (name, value); else the default."""
     for _name, value in sources:
         if value is not None:
-            return value
+            return HARMONY_EFFORT[value]
     return default
+
+
+def with_verbosity(conversation: list[Item], verbosity: str | None) -> list[Item]:
+    """The conversation with the verbosity note after its leading instructions (none for medium)."""
+    note = VERBOSITY_NOTES.get(verbosity or "medium")
+    if note is None:
+        return conversation
+    leading = 0
+    while leading < len(conversation) and isinstance(conversation[leading], Instructions):
+        leading += 1
+    return [*conversation[:leading], Instructions(note), *conversation[leading:]]
 
 
 def generation_request(

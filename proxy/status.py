@@ -7,6 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from proxy.codex_catalog import codex_model_info
 from proxy.engines.base import EngineError
 from proxy.errors import APIError
 from proxy.state import ServerState
@@ -23,8 +24,12 @@ def _model_card(state: ServerState) -> dict[str, Any]:
 
 
 async def list_models(request: Request) -> Response:
+    """OpenAI's list; asked with `client_version`, as Codex asks, also Codex's catalog (proxy/codex_catalog.py)."""
     state: ServerState = request.app.state.harmony
-    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+    listed: dict[str, Any] = {"object": "list", "data": [_model_card(state)]}
+    if "client_version" in request.query_params:
+        listed["models"] = [codex_model_info(state.config)]
+    return JSONResponse(listed)
 
 
 async def retrieve_model(request: Request) -> Response:

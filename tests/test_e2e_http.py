@@ -153,7 +153,7 @@ def test_openai_client_raises_typed_errors(serve: Callable[..., LiveServer]) -> 
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert missing.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], reasoning_effort="minimal")
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], reasoning_effort="max")
     assert bad.value.param == "reasoning_effort"
 
 

@@ -2,7 +2,7 @@
 
 Over Chat Completions ChatOpenAI reads only OpenAI's own fields, so reasoning shows as a token count in
 `usage_metadata`, never as text; over the Responses API (`use_responses_api=True`) it shows the reasoning in the
-message's content blocks, and when streaming only from summary events (`--reasoning-summary-events`).
+message's content blocks, and when streaming only from summary events (asked with `reasoning.summary`).
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def test_chat_completions_tool_loop(serve: Callable[..., LiveServer], vocab: Any
 @pytest.mark.parametrize("stream", [False, True], ids=["invoke", "stream"])
 def test_responses_api_tool_loop(serve: Callable[..., LiveServer], vocab: Any, stream: bool) -> None:
     engine = Recording(scripted_engine(vocab, [CALL, ANSWER]))
-    server = serve(engine=engine, reasoning_summary_events=True)
-    # What users pass to OpenAI for reasoning models; the summary is what LangChain shows.
+    server = serve(engine=engine)
+    # What users pass to OpenAI for reasoning models; the summary, asked here, is what LangChain shows.
     call, answer = two_turns(server, stream, use_responses_api=True, reasoning={"effort": "low", "summary": "auto"})
     assert reasoning_of(call) == ["Need the weather."]
     assert reasoning_of(answer) == ["Easy."]

@@ -32,7 +32,7 @@ from parsers.conversation import (
 from proxy.chat.schema import CHAT_REQUEST, MESSAGE_NULL_ONLY, MESSAGES, NEUTRAL, REFUSED_TOOLS, UNSUPPORTED
 from proxy.engines.base import OutputConstraint
 from proxy.errors import invalid_request
-from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types
+from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
 from tools.cache import ToolCatalog
@@ -109,7 +109,7 @@ def parse_chat_request(body: dict[str, Any], default_effort: str, tools: ToolCat
     parallel = body.get("parallel_tool_calls") is not False
     return ChatRequest(
         model=body["model"],
-        prompt=Prompt(items, offered, effort, response_format),
+        prompt=Prompt(with_verbosity(items, body.get("verbosity")), offered, effort, response_format),
         options=GenerationOptions(
             max_tokens=_max_tokens(body),
             temperature=body.get("temperature"),

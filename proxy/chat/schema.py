@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-EFFORT = {"enum": ["low", "medium", "high", None]}
+EFFORT = {"enum": ["none", "minimal", "low", "medium", "high", "xhigh", None]}  # proxy/options.py maps them
 _NULLABLE_BOOL = {"type": ["boolean", "null"]}
 # Prompt-caching hints on a content part: the engine's prefix cache needs none, so they are ignored.
 _CACHE_HINT = {"type": ["object", "null"]}
@@ -187,7 +187,6 @@ NEUTRAL = {
     "presence_penalty": (0, "presence penalties are not supported"),
     "logprobs": (False, "log probabilities are not supported"),
     "top_logprobs": (0, "log probabilities are not supported"),
-    "verbosity": ("medium", "gpt-oss has no verbosity control"),
 }
 
 CHAT_REQUEST: dict[str, Any] = {
@@ -269,7 +268,7 @@ CHAT_REQUEST: dict[str, Any] = {
         "logprobs": _NULLABLE_BOOL,
         "top_logprobs": {"type": ["integer", "null"]},
         "logit_bias": {"type": ["object", "null"]},
-        "verbosity": {"enum": ["low", "medium", "high", None]},
+        "verbosity": {"enum": ["low", "medium", "high", None]},  # a line of instructions (proxy/options.py)
         # Accepted only as null (refused with a value before the schema is checked).
         **{name: {"type": "null"} for name in UNSUPPORTED},
     },

@@ -27,7 +27,7 @@ from parsers.conversation import (
 from proxy.engines.base import OutputConstraint
 from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
-from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types
+from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
 from proxy.responses.hosted_request import HostedRequest, split_server_tools
 from proxy.responses.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
@@ -63,6 +63,7 @@ class ResponsesRequest:
     stream: bool
     background: bool
     hosted: HostedRequest = field(default_factory=HostedRequest)  # tools the server runs (MCP, browser, python)
+    summaries: bool = False  # `reasoning.summary` asked: the reasoning also streams as its summary
 
     def constraint(self) -> OutputConstraint:
         offered = () if self.tool_choice.mode == "none" else tuple(self.tools)
@@ -125,6 +126,7 @@ def parse_responses_request(
         stream=bool(body.get("stream")),
         background=background,
         hosted=hosted,
+        summaries=(reasoning.get("summary") or reasoning.get("generate_summary")) is not None,
     )
 
 
@@ -156,6 +158,7 @@ def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: 
     if request.body.get("instructions"):
         conversation.append(Instructions(request.body["instructions"]))  # earlier instructions are not carried over
     conversation += _conversation(history + items, first_input=len(history))
+    conversation = with_verbosity(conversation, (request.body.get("text") or {}).get("verbosity"))
     if not any(not isinstance(item, Instructions) for item in conversation):
         raise invalid_request("The conversation is empty: send `input`.", param="input")
     offered = [] if request.tool_choice.mode == "none" else request.tools
@@ -164,8 +167,8 @@ def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: 
 
 def _refuse_unhonoured(body: dict[str, Any]) -> None:
     """Documented values that would change the answer in a way this server cannot: a 400 that says why."""
-    reasoning, text, include = body.get("reasoning") or {}, body.get("text") or {}, body.get("include") or []
-    mode, verbosity = reasoning.get("mode"), text.get("verbosity")
+    reasoning, include = body.get("reasoning") or {}, body.get("include") or []
+    mode = reasoning.get("mode")
     logprobs = include.index("message.output_text.logprobs") if "message.output_text.logprobs" in include else -1
     refused = [
         (f"include[{logprobs}]", logprobs >= 0,
@@ -176,8 +179,6 @@ def _refuse_unhonoured(body: dict[str, Any]) -> None:
          "`reasoning.context` 'all_turns' is not supported: gpt-oss is trained to see this turn's reasoning only."),
         ("reasoning.mode", mode not in (None, "standard"),
          f"`reasoning.mode` {mode!r} is not supported: gpt-oss has one mode, 'standard'; set `reasoning.effort`."),
-        ("text.verbosity", verbosity not in (None, "medium"),
-         f"`text.verbosity` {verbosity!r} is not supported: gpt-oss has no verbosity control; leave it 'medium'."),
     ]
     for position, tool in enumerate(body.get("tools") or []):
         callers = tool.get("allowed_callers")

@@ -88,7 +88,7 @@ def _output(config: ServerConfig, parsed: ResponsesRequest, hosted: HostedTools 
     return ResponseOutput(
         new_id,
         parsed.max_tool_calls,
-        reasoning_summaries=config.reasoning_summary_events,
+        reasoning_summaries=config.reasoning_summary_events or parsed.summaries,
         reasoning_event="response.reasoning" if config.open_responses_events else "response.reasoning_text",
         hosted=hosted,
         max_server_calls=min(limit, config.max_tool_calls) if limit is not None else config.max_tool_calls,

@@ -164,7 +164,7 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
     "parallel_tool_calls": _NULLABLE_BOOL,
     "max_tool_calls": {"type": ["integer", "null"], "minimum": 1},
     "reasoning": {"type": ["object", "null"], "properties": {
-        "effort": {"enum": ["low", "medium", "high", None]},
+        "effort": {"enum": ["none", "minimal", "low", "medium", "high", "xhigh", None]},  # proxy/options.py
         "summary": {"enum": ["auto", "concise", "detailed", None]},
         "generate_summary": {"enum": ["auto", "concise", "detailed", None]},
         "context": {"enum": ["auto", "current_turn", "all_turns", None]},  # all_turns refused in request.py
@@ -175,7 +175,7 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
     "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
     "text": {"type": ["object", "null"], "properties": {
         "format": {"anyOf": [{"type": "null"}, _FORMAT]},
-        "verbosity": {"enum": ["low", "medium", "high", None]},  # only "medium" (request.py)
+        "verbosity": {"enum": ["low", "medium", "high", None]},  # proxy/options.py: VERBOSITY_NOTES
     }, "additionalProperties": False},
     "metadata": {"type": ["object", "null"], "maxProperties": 16, "additionalProperties": _STRING},
     "store": _NULLABLE_BOOL,
