@@ -4,6 +4,8 @@ events (checked against the openai SDK's types), the Harmony the model sees, and
 
 from __future__ import annotations
 
+import logging
+
 from collections.abc import Callable
 from typing import Any
 
@@ -116,20 +118,42 @@ def test_a_replayed_python_call_is_shown_while_its_tool_loop_goes_on(serve: Call
         "<|start|>python to=assistant<|channel|>analysis<|message|>42\n<|end|><|start|>assistant")
 
 
-@pytest.mark.parametrize(("tool", "servers", "said"), [
-    ({"type": "web_search_preview"}, "none", "--tool-server URL"),
-    ({"type": "web_search"}, "none", "--tool-server URL"),
-    ({"type": "code_interpreter", "container": {"type": "auto"}}, "none", "--tool-server URL"),
-    ({"type": "code_interpreter", "container": {"type": "auto"}}, "browser", "no --tool-server provides it"),
-    ({"type": "web_search", "filters": {"allowed_domains": ["a.example"]}}, "browser", "Domain filters"),
+@pytest.mark.parametrize(("tool", "servers"), [
+    ({"type": "web_search_preview"}, "none"),
+    ({"type": "web_search"}, "none"),
+    ({"type": "web_search", "external_web_access": False}, "browser"),  # Codex: no live search wanted
+    ({"type": "code_interpreter", "container": {"type": "auto"}}, "none"),
+    ({"type": "code_interpreter", "container": {"type": "auto"}}, "browser"),
 ])
-def test_builtin_tools_without_a_tool_server_are_a_clear_400(serve: Callable[..., LiveServer], browser: Running,
-                                                             tool: dict[str, Any], servers: str, said: str) -> None:
-    server = serve(completions=[ANSWER], tool_servers=(browser.url,) if servers == "browser" else ())
-    reply = httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, "input": "x", "tools": [tool]},
-                       timeout=10)
-    assert reply.status_code == 400 and said in reply.json()["error"]["message"]
-    assert reply.json()["error"]["param"].startswith("tools[0]")
+def test_builtin_tools_no_tool_server_runs_are_listed_back_but_not_offered(
+        serve: Callable[..., LiveServer], vocab: Any, browser: Running, tool: dict[str, Any], servers: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    engine = Recording(scripted_engine(vocab, [ANSWER, ANSWER]))
+    server = serve(engine=engine, tool_servers=(browser.url,) if servers == "browser" else ())
+    with caplog.at_level(logging.INFO, logger="harmony_proxy"):
+        reply = httpx.post(server.base_url + "/v1/responses", json={
+            "model": MODEL, "input": "x", "tools": [tool], "text": {"format": {"type": "json_object"}}}, timeout=10)
+    assert reply.status_code == 200, reply.text  # nor does it stand in the way of a JSON format
+    assert reply.json()["tools"] == [tool]
+    prompt = vocab.decode(engine.requests[0].prompt_token_ids)
+    assert "## browser" not in prompt and "## python" not in prompt
+    said = [record.message for record in caplog.records if "not offered to the model" in record.message]
+    assert said and repr(tool["type"]) in said[0]  # the log names the type the request used
+    validate_response(reply.json())
+
+
+def test_refusals_name_the_tool_type_the_request_used(serve: Callable[..., LiveServer], browser: Running) -> None:
+    server = serve(completions=[ANSWER], tool_servers=(browser.url,))
+    for tool in ({"type": "web_search"}, {"type": "web_search_2025_08_26"}):
+        reply = httpx.post(server.base_url + "/v1/responses", timeout=10, json={
+            "model": MODEL, "input": "x", "tool_choice": "required",
+            "tools": [tool, {"type": "function", "name": "f", "parameters": {"type": "object"}}]})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "tool_choice"
+        message = reply.json()["error"]["message"]
+        assert repr(tool["type"]) in message and "web_search_preview" not in message
+    reply = httpx.post(server.base_url + "/v1/responses", timeout=10, json={
+        "model": MODEL, "input": "x", "tools": [{"type": "web_search", "filters": {"allowed_domains": ["a.example"]}}]})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "tools[0].filters.allowed_domains"
 
 
 def test_calls_to_tools_not_offered_are_still_dropped(serve: Callable[..., LiveServer], vocab: Any,

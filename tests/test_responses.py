@@ -265,7 +265,7 @@ def test_incomplete_and_failed(serve: Callable[..., LiveServer], vocab: Any) -> 
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
-        ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
+        ({"input": "x", "tools": [{"type": "file_search"}]}, 400, "tools[0].type"),
         ({"input": "x", "truncation": "auto"}, 400, "truncation"),
         ({"input": "x", "background": True, "store": False}, 400, "background"),
         ({"input": "x", "background": True, "stream": True}, 400, "stream"),

@@ -2,8 +2,9 @@
 gpt-oss's built-in tools a `--tool-server` runs for it, how they are declared to the model, and what a call the
 model writes is a call to.
 
-`resolve` runs before the response starts: a `server_url` outside `--mcp-allow` or a built-in tool no tool server
-provides is a 400 naming the rule, and a server whose tools cannot be listed a 424 (as OpenAI answers). Listing
+`resolve` runs before the response starts: a `server_url` outside `--mcp-allow` is a 400 naming the rule, and a
+server whose tools cannot be listed a 424 (as OpenAI answers). A built-in tool no tool server provides is not offered
+(`offered_builtins`, logged). Listing
 goes through the app's tool-list cache (`proxy/server_tools/tool_cache.py`), so the turns of an agent list a
 server once; a server listed earlier in the conversation (an `mcp_list_tools` item in its history or input) is
 not listed again as an output item, as OpenAI does.
@@ -20,7 +21,7 @@ from typing import Any
 from proxy.errors import APIError, invalid_request
 from proxy.responses.hosted_request import HostedRequest, McpRequest
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused
-from proxy.server_tools.builtin import BROWSER, PYTHON, BuiltinTool, ToolServers
+from proxy.server_tools.builtin import BROWSER, BuiltinTool, ToolServers
 from proxy.server_tools.connect import McpServerError
 from proxy.server_tools.headers import ServerHeaders
 from proxy.server_tools.listing import McpTool
@@ -33,7 +34,6 @@ from tools.definitions import ToolError
 logger = logging.getLogger("harmony_proxy")
 
 MCP, APPROVAL, WEB_SEARCH, CODE = "mcp", "approval", "web_search", "code_interpreter"
-_BUILTIN_PARAMS = {BROWSER: "web_search_preview", PYTHON: "code_interpreter"}
 
 
 @dataclass(frozen=True)
@@ -112,11 +112,7 @@ async def resolve(request: HostedRequest, allow: McpAllowList, tool_servers: Too
                          include_outputs="code_interpreter_call.outputs" in include)
     if request.builtin:
         available = await tool_servers.builtin_tools()
-        for name, position in request.builtin.items():
-            if name not in available:
-                raise invalid_request(_no_tool_server(name, tool_servers), param=f"tools[{position}].type",
-                                      code="unsupported_parameter")
-            hosted.builtin[name] = available[name]
+        hosted.builtin.update((name, available[name]) for name in request.builtin if name in available)
     listings = await asyncio.gather(*(_list(server, url, cache, sessions) for server, url in zip(request.mcp, urls)),
                                     return_exceptions=True)
     already = {item.get("server_label") for item in earlier_items
@@ -138,6 +134,19 @@ async def resolve(request: HostedRequest, allow: McpAllowList, tool_servers: Too
     return hosted
 
 
+async def offered_builtins(request: HostedRequest, tool_servers: ToolServers) -> HostedRequest:
+    """The request with only the built-in tools a `--tool-server` runs now; the others are listed back in the
+    response but not offered to the model (logged, naming the tool type the request used)."""
+    if not request.builtin:
+        return request
+    available = frozenset(await tool_servers.builtin_tools())
+    for name, position in request.builtin.items():
+        if name not in available:
+            logger.info("tools[%d] (%r): not offered to the model: %s", position, request.kinds[position],
+                        _no_tool_server(name, tool_servers))
+    return request.offering(available)
+
+
 def _allowed(allow: McpAllowList, server: McpRequest) -> str:
     try:
         return allow.check(server.url)
@@ -146,12 +155,10 @@ def _allowed(allow: McpAllowList, server: McpRequest) -> str:
 
 
 def _no_tool_server(name: str, tool_servers: ToolServers) -> str:
-    kind = _BUILTIN_PARAMS[name]
     if not tool_servers.urls:
-        return (f"Tool type {kind!r} needs gpt-oss's {name} tool, which this server runs only through an MCP tool "
-                f"server: start it with --tool-server URL (a server providing the {name} tool).")
-    return (f"Tool type {kind!r} needs gpt-oss's {name} tool, and no --tool-server provides it now (the servers "
-            "may be unreachable: see the server's log).")
+        return (f"gpt-oss's {name} tool runs here only through an MCP tool server: start the server with "
+                f"--tool-server URL (a server providing the {name} tool)")
+    return f"no --tool-server provides gpt-oss's {name} tool now (the servers may be unreachable: see the log above)"
 
 
 async def _list(server: McpRequest, url: str, cache: ToolListCache,

@@ -1,16 +1,19 @@
 """The tools of a Responses request that this server runs itself: `{"type": "mcp"}` servers and gpt-oss's built-in
 tools (`web_search_preview` / `web_search` for the browser, `code_interpreter` for python), read and checked.
 
-`split_server_tools` takes them out of the body, so the rest of the request is read as before (function tools
-only), and checks their shape: a 400 naming the field for anything wrong. What needs the server's state (the
-`--mcp-allow` rule, which `--tool-server`s exist, the servers' tool lists) is checked later, in `hosted.py`.
+`split_server_tools` takes them out of the body, so the rest of the request is read as before (the client's own
+tools only), and checks their shape: a 400 naming the field for anything wrong. A built-in tool the client wants no
+live search from (`external_web_access: false`), or that no `--tool-server` runs, is listed back in the response
+but not offered to the model. What needs the server's state (the `--mcp-allow` rule, which `--tool-server`s
+exist, the servers' tool lists) is checked later, in `hosted.py`.
 Header values and the `authorization` token are kept in `ServerHeaders` only: the request's own echo of its
 tools (`echo`) has them redacted, so the response object, and so the store, never holds them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.errors import invalid_request
@@ -18,6 +21,8 @@ from proxy.server_tools.headers import REDACTED, HeaderError, ServerHeaders
 from proxy.server_tools.listing import McpTool
 from proxy.server_tools.rendering import label_error
 from proxy.validation import check, compile_schema
+
+logger = logging.getLogger("harmony_proxy")
 
 BROWSER_TYPES = frozenset({"web_search_preview", "web_search_preview_2025_03_11", "web_search", "web_search_2025_08_26"})
 PYTHON_TYPES = frozenset({"code_interpreter"})
@@ -143,9 +148,34 @@ class HostedRequest:
     builtin: dict[str, int] = field(default_factory=dict)  # "browser" / "python" -> the position that asked
     echo: tuple[dict[str, Any], ...] = ()  # the tools as the response lists them (secrets redacted)
     container_id: str = "auto"  # the code_interpreter container named, reported in its calls
+    kinds: dict[int, str] = field(default_factory=dict)  # position -> the tool type as the request wrote it
 
     def __bool__(self) -> bool:
         return bool(self.mcp or self.builtin)
+
+    def offering(self, available: frozenset[str]) -> HostedRequest:
+        """These tools with only the built-in ones in `available` offered (the others are still listed back)."""
+        return replace(self, builtin={name: at for name, at in self.builtin.items() if name in available})
+
+    def refuse_constraints(self, body: dict[str, Any]) -> None:
+        """Output constraints are enforced by a grammar over the whole completion that knows the client's tools and
+        the final answer only: under it the model could never call a server-side tool. Refused rather than ignored,
+        naming the tool type the request used."""
+        if not self:
+            return
+        positions = [server.position for server in self.mcp] + list(self.builtin.values())
+        kinds = ", ".join(sorted({repr(self.kinds[position]) for position in positions}))
+        text = body.get("text")
+        fmt = text.get("format") if isinstance(text, dict) else None
+        if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+            raise invalid_request(f"A JSON `text.format` cannot be combined with server-side tools (here {kinds}): "
+                                  "the format is enforced by a grammar that leaves no room for their calls.",
+                                  param="text.format", code="unsupported_parameter")
+        choice = body.get("tool_choice")
+        if choice == "required" or isinstance(choice, dict):
+            raise invalid_request(f"With server-side tools (here {kinds}), `tool_choice` may only be 'auto' or 'none': "
+                                  "a required call is enforced for the client's own tools only.",
+                                  param="tool_choice", code="unsupported_parameter")
 
 
 def split_server_tools(body: dict[str, Any]) -> tuple[dict[str, Any], HostedRequest]:
@@ -153,46 +183,36 @@ def split_server_tools(body: dict[str, Any]) -> tuple[dict[str, Any], HostedRequ
     tools = body.get("tools")
     if not isinstance(tools, list) or not any(_kind(tool) in SERVER_TOOL_TYPES for tool in tools):
         return body, HostedRequest()
-    functions, servers, builtin, echo, container = [], [], {}, [], "auto"
+    functions, servers, builtin, echo, container, kinds = [], [], {}, [], "auto", {}
     for position, tool in enumerate(tools):
         kind = _kind(tool)
         if kind not in SERVER_TOOL_TYPES:
             functions.append(tool)
-        elif kind == "mcp":
+            continue
+        kinds[position] = kind
+        if kind == "mcp":
             servers.append(_mcp(tool, position))
             echo.append(_echo(tool))
-        else:
-            name = "browser" if kind in BROWSER_TYPES else "python"
-            check(tool, _BROWSER if name == "browser" else _PYTHON, f"tools[{position}]")
-            _refuse_unhonoured_builtin(tool, position)
-            builtin.setdefault(name, position)
-            container = tool["container"] if isinstance(tool.get("container"), str) else container
-            echo.append(dict(tool))
+            continue
+        name = "browser" if kind in BROWSER_TYPES else "python"
+        check(tool, _BROWSER if name == "browser" else _PYTHON, f"tools[{position}]")
+        _refuse_unhonoured_builtin(tool, position)
+        echo.append(dict(tool))
+        if tool.get("external_web_access") is False:
+            # Search without live web access (Codex declares web_search so when it wants none): gpt-oss's browser
+            # has only live access, so the tool is listed back but not offered.
+            logger.info("tools[%d] (%r, external_web_access: false): not offered to the model", position, kind)
+            continue
+        builtin.setdefault(name, position)
+        container = tool["container"] if isinstance(tool.get("container"), str) else container
     if len(servers) > MAX_MCP_SERVERS:
         raise invalid_request(f"A request may name at most {MAX_MCP_SERVERS} MCP servers.", param="tools")
-    _refuse_constraints(body)
     labels = [server.label for server in servers]
     for server in servers:
         if labels.count(server.label) > 1:
             raise invalid_request(f"server_label {server.label!r} names two MCP servers; labels must be unique.",
                                   param=f"{server.param}.server_label")
-    return {**body, "tools": functions}, HostedRequest(tuple(servers), builtin, tuple(echo), container)
-
-
-def _refuse_constraints(body: dict[str, Any]) -> None:
-    """Output constraints are enforced by a grammar over the whole completion that knows function calls and the
-    final answer only: under it the model could never call a server-side tool. Refused rather than ignored."""
-    text = body.get("text")
-    fmt = text.get("format") if isinstance(text, dict) else None
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
-        raise invalid_request("A JSON `text.format` cannot be combined with server-side tools (mcp, web_search, "
-                              "code_interpreter) here: the format is enforced by a grammar that leaves no room for "
-                              "their calls.", param="text.format", code="unsupported_parameter")
-    choice = body.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        raise invalid_request("With server-side tools (mcp, web_search, code_interpreter), `tool_choice` may only be "
-                              "'auto' or 'none' here: a required call is enforced for function tools only.",
-                              param="tool_choice", code="unsupported_parameter")
+    return {**body, "tools": functions}, HostedRequest(tuple(servers), builtin, tuple(echo), container, kinds)
 
 
 def _kind(tool: Any) -> Any:

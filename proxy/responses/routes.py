@@ -16,7 +16,7 @@ from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request, routing_hints
 from proxy.responses.frames import EventWriter
-from proxy.responses.hosted import HostedTools
+from proxy.responses.hosted import HostedTools, offered_builtins
 from proxy.responses.hosted import resolve as resolve_hosted
 from proxy.responses.output import ResponseOutput
 from proxy.responses.request import ResponsesRequest, prompt_for, read_responses_request, resolve
@@ -37,6 +37,8 @@ async def create_response(request: Request) -> Response:
         request, config.default_reasoning_effort, config.served_model_name, state.renderer.tools
     )
     state.check_model(parsed.model)
+    parsed.hosted = await offered_builtins(parsed.hosted, state.tool_servers)
+    parsed.hosted.refuse_constraints(parsed.body)
     if parsed.background and state.responses is None:
         raise invalid_request("Background responses need storage, which this server has off (--no-store).",
                               param="background")
