@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-REASONING_FIELDS = ("reasoning_content", "reasoning")
+REASONING_FIELDS = ("reasoning_content", "reasoning", "both")  # "both": the same text in each of the two fields
 EFFORTS = ("low", "medium", "high")
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     served_model_name: str = "openai/gpt-oss-20b"
-    reasoning_field: str = "reasoning_content"  # the one field reasoning is sent in; the other is never sent
+    reasoning_field: str = "reasoning"  # the field reasoning is sent in (README: the table of clients behind it)
     default_reasoning_effort: str = "medium"
     max_model_len: int = 131072  # gpt-oss context window: prompt plus output tokens
     reasoning_summary_events: bool = False  # Responses: also stream reasoning as summary events

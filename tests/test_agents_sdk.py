@@ -31,8 +31,8 @@ def weather_agent(model: Any, calls: list[str]) -> Agent:
 @pytest.mark.parametrize("api", ["responses", "responses-streamed", "chat"])
 def test_two_step_tool_loop(serve: Callable[..., LiveServer], vocab: Any, api: str) -> None:
     engine = Recording(scripted_engine(vocab, [CALL, ANSWER]))
-    # Over Chat Completions the SDK replays chain of thought only from the `reasoning` field (README).
-    server = serve(engine=engine, **({"reasoning_field": "reasoning"} if api == "chat" else {}))
+    # Over Chat Completions the SDK replays chain of thought only from the `reasoning` field, the default (README).
+    server = serve(engine=engine)
     client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
     if api == "chat":
         model: Any = OpenAIChatCompletionsModel(model=MODEL, openai_client=client)

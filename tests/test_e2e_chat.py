@@ -48,7 +48,7 @@ def streamed_answer(stream: Any) -> tuple[dict[str, Any], list[Any]]:
         for choice in chunk.choices:
             delta = choice.delta
             content.append(delta.content or "")
-            reasoning.append(extra(delta, "reasoning_content") or "")
+            reasoning.append(extra(delta, "reasoning") or "")
             for call in delta.tool_calls or []:
                 entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
                 entry["name"] += (call.function.name or "") if call.function else ""
@@ -66,7 +66,7 @@ def streamed_answer(stream: Any) -> tuple[dict[str, Any], list[Any]]:
 def message_answer(completion: Any) -> dict[str, Any]:
     message = completion.choices[0].message
     return {
-        "reasoning": extra(message, "reasoning_content"),
+        "reasoning": extra(message, "reasoning"),
         "content": message.content or None,
         "tool_calls": [{"name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls or []],
         "finish_reason": completion.choices[0].finish_reason,
@@ -98,7 +98,7 @@ def test_non_streaming_answer_with_usage(serve: Callable[..., LiveServer], vocab
     assert completion.object == "chat.completion" and completion.model == MODEL
     message = completion.choices[0].message
     assert message.role == "assistant" and message.content == "It is 18C." and message.tool_calls is None
-    assert extra(message, "reasoning_content") == "Easy."
+    assert extra(message, "reasoning") == "Easy."
     assert completion.choices[0].finish_reason == "stop"
     usage = completion.usage
     assert usage.completion_tokens == len(vocab.encode_harmony(ANSWER))
@@ -182,19 +182,34 @@ def test_mock_engine_reads_reasoning_effort_from_the_prompt(serve: Callable[...,
     client = client_for(serve(default_reasoning_effort="low"))
     ask = [{"role": "user", "content": "hi"}]
     default = client.chat.completions.create(model=MODEL, messages=ask)
-    assert "reasoning effort low" in extra(default.choices[0].message, "reasoning_content")
+    assert "reasoning effort low" in extra(default.choices[0].message, "reasoning")
     high = client.chat.completions.create(model=MODEL, messages=ask, extra_body={"chat_template_args": {"reasoning_effort": "high"}})
-    assert "reasoning effort high" in extra(high.choices[0].message, "reasoning_content")
+    assert "reasoning effort high" in extra(high.choices[0].message, "reasoning")
 
 
 def test_reasoning_field_option(serve: Callable[..., LiveServer]) -> None:
-    server = serve(completions=[ANSWER], reasoning_field="reasoning")
+    server = serve(completions=[ANSWER], reasoning_field="reasoning_content")
     client = client_for(server)
     message = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}]).choices[0].message
-    assert extra(message, "reasoning") == "Easy." and "reasoning_content" not in (message.model_extra or {})
+    assert extra(message, "reasoning_content") == "Easy." and "reasoning" not in (message.model_extra or {})
     chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], stream=True))
     fields = {key for c in chunks for choice in c.choices for key in (choice.delta.model_extra or {})}
-    assert fields == {"reasoning"}
+    assert fields == {"reasoning_content"}
+
+
+def test_both_reasoning_fields_carry_the_same_text(serve: Callable[..., LiveServer]) -> None:
+    client = client_for(serve(completions=[ANSWER], reasoning_field="both"))
+    ask = [{"role": "user", "content": "q"}]
+    message = client.chat.completions.create(model=MODEL, messages=ask).choices[0].message
+    assert extra(message, "reasoning") == extra(message, "reasoning_content") == "Easy."
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ask, stream=True))
+    deltas = [choice.delta.model_extra for chunk in chunks for choice in chunk.choices if choice.delta.model_extra]
+    assert deltas and all(delta["reasoning"] == delta["reasoning_content"] for delta in deltas)
+    assert "".join(delta["reasoning"] for delta in deltas) == "Easy."
+    # Sent back as the SDK dumps it, both fields at once, the reasoning is taken once.
+    again = client.chat.completions.create(model=MODEL, messages=[*ask, message.model_dump(exclude_none=True),
+                                                                  {"role": "user", "content": "and?"}])
+    assert again.choices[0].message.content == "It is 18C."
 
 
 def test_stop_strings_keep_the_text_before_them(serve: Callable[..., LiveServer]) -> None:
@@ -205,7 +220,7 @@ def test_stop_strings_keep_the_text_before_them(serve: Callable[..., LiveServer]
     plain = client.chat.completions.create(model=MODEL, messages=ask, stop=["END", "zzz"])
     streamed, _ = streamed_answer(client.chat.completions.create(model=MODEL, messages=ask, stop="END", stream=True))
     assert plain.choices[0].message.content == streamed["content"] == "one two "
-    assert extra(plain.choices[0].message, "reasoning_content") == "Say END here."  # reasoning is not cut
+    assert extra(plain.choices[0].message, "reasoning") == "Say END here."  # reasoning is not cut
     assert plain.choices[0].finish_reason == streamed["finish_reason"] == "stop"
 
 

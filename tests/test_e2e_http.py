@@ -58,8 +58,8 @@ def test_raw_stream_has_the_exact_chunk_shapes(serve: Callable[..., LiveServer])
     assert deltas[0] == {"role": "assistant", "content": "", "refusal": None}
     assert [c["choices"][0]["finish_reason"] for c in choice_chunks] == [None] * (len(deltas) - 1) + ["tool_calls"]
     assert deltas[-1] == {}
-    assert all("reasoning" not in d for d in deltas)  # only the configured field, never the other
-    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Think."
+    assert all("reasoning_content" not in d for d in deltas)  # only the configured field, never the other
+    assert "".join(d.get("reasoning", "") for d in deltas) == "Think."
     assert "".join(d.get("content") or "" for d in deltas) == "Checking."
     calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
     announce, *fragments = calls
@@ -77,7 +77,7 @@ def test_non_streaming_body_sends_one_reasoning_field(serve: Callable[..., LiveS
     server = serve(completions=[ANSWER])
     body = httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30).json()
     message = body["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": "It is 18C.", "refusal": None, "reasoning_content": "Easy."}
+    assert message == {"role": "assistant", "content": "It is 18C.", "refusal": None, "reasoning": "Easy."}
 
 
 @pytest.mark.parametrize(

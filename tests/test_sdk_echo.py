@@ -38,7 +38,7 @@ class get_weather(pydantic.BaseModel):  # the tool's name, as pydantic_function_
 
 def plain(message: dict[str, Any]) -> dict[str, Any]:
     """The message as a careful client writes it: role, content, reasoning, tool calls, nothing else."""
-    kept = {key: message[key] for key in ("role", "content", "reasoning_content") if message.get(key) is not None}
+    kept = {key: message[key] for key in ("role", "content", "reasoning") if message.get(key) is not None}
     if message.get("tool_calls"):
         kept["tool_calls"] = [{"id": call["id"], "type": "function",
                                "function": {"name": call["function"]["name"],

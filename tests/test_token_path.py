@@ -37,7 +37,7 @@ def test_chat_streams_exactly_the_non_streamed_answer(
         assert streamed == whole
     assert whole["content"].startswith("Ça fait 18°C")
     text_chunks = [c for c in chunks if c.choices and (c.choices[0].delta.content or
-                                                        getattr(c.choices[0].delta, "reasoning_content", None))]
+                                                        getattr(c.choices[0].delta, "reasoning", None))]
     generated = len(vocab.encode_harmony(ANSWER))
     # At most one chunk per field per step: merged text, never more chunks than steps.
     assert len(text_chunks) <= -(-generated // per_step) + 1

@@ -1,6 +1,6 @@
 """Item events → a Chat Completions answer: the streamed deltas and the final message, from one fold.
 
-Mapping: reasoning → the reasoning field; final answers and commentary preambles → `content` (separate
+Mapping: reasoning → the reasoning field (or both fields, the same text in each); final answers and commentary preambles → `content` (separate
 messages joined by a blank line); tool calls → `tool_calls`, each announced once with its id, type and name,
 then argument fragments. With `parallel_tool_calls: false` only the first call is kept.
 
@@ -114,8 +114,9 @@ class ChatTurn:
             "role": "assistant",
             "content": content or (None if self._calls else ""),
             "refusal": None,  # required by the spec; gpt-oss has no refusal channel, it refuses in its answer
-            self._reasoning_field: "".join(self._reasoning) or None,
         }
+        for name in _fields(self._reasoning_field):
+            message[name] = "".join(self._reasoning) or None
         if self._calls:
             message["tool_calls"] = [
                 {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": "".join(call.pieces)}}
@@ -153,6 +154,10 @@ class ChatTurn:
         return text
 
 
+def _fields(reasoning_field: str) -> tuple[str, ...]:
+    return ("reasoning_content", "reasoning") if reasoning_field == "both" else (reasoning_field,)
+
+
 def usage_body(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:
     body: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
@@ -173,7 +178,8 @@ class ChunkWriter:
         self._head = json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1]  # without the closing brace
         self._usage_null = ',"usage":null' if include_usage else ""
         self._open = self._head + ',"choices":[{"index":0,"delta":'
-        self._text_frames: dict[str | int, tuple[bytes, bytes]] = {}  # delta key -> bytes before and after the text
+        # delta key -> the frame's bytes around its text: before, then after each copy (two for both reasoning fields)
+        self._text_frames: dict[str | int, tuple[bytes, ...]] = {}
 
     def frames(self, deltas: Iterable[Delta]) -> bytes:
         """The SSE frames of a step's deltas, one chunk each."""
@@ -182,7 +188,10 @@ class ChunkWriter:
             if type(delta) is tuple:
                 key, text = delta
                 around = self._text_frames.get(key) or self._text_frame(key)
-                parts += (around[0], encode_basestring(text).encode(), around[1])
+                escaped = encode_basestring(text).encode()
+                parts.append(around[0])
+                for after in around[1:]:
+                    parts += (escaped, after)
             else:
                 parts.append(self._frame(json.dumps(delta, ensure_ascii=False, separators=(",", ":"))))
         return b"".join(parts)
@@ -198,14 +207,17 @@ class ChunkWriter:
             rest += f',"logprobs":null,"finish_reason":null}}]{self._usage_null}}}'
         return f"data: {self._open}{rest}\n\n".encode()
 
-    def _text_frame(self, key: str | int) -> tuple[bytes, bytes]:
+    def _text_frame(self, key: str | int) -> tuple[bytes, ...]:
         before = f"data: {self._open}"
+        between: list[str] = []
         if isinstance(key, int):  # a tool call's arguments
             before += f'{{"tool_calls":[{{"index":{key},"function":{{"arguments":'
             after = "}}]}"
         else:
-            before += f'{{"{key}":'
+            first, *others = _fields(key)
+            before += f'{{"{first}":'
+            between = [f',"{other}":' for other in others]
             after = "}"
         after += f',"logprobs":null,"finish_reason":null}}]{self._usage_null}}}\n\n'
-        self._text_frames[key] = around = (before.encode(), after.encode())
+        self._text_frames[key] = around = (before.encode(), *(piece.encode() for piece in between), after.encode())
         return around
