@@ -26,9 +26,11 @@ class UserMessage:
 
 @dataclass(frozen=True)
 class Reasoning:
-    """The assistant's chain of thought (analysis channel)."""
+    """The assistant's chain of thought (analysis channel). `tokens`, when known, are its body's token ids as the
+    model generated them (from a sealed reasoning item): rendered as they are, in place of the text."""
 
     text: str
+    tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

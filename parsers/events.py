@@ -45,12 +45,16 @@ class ItemStarted:
 
 
 class ItemDone:
-    __slots__ = ("complete", "index", "token_count")
+    __slots__ = ("complete", "index", "token_count", "tokens")
 
-    def __init__(self, index: int, complete: bool, token_count: int) -> None:
+    def __init__(self, index: int, complete: bool, token_count: int,
+                 tokens: tuple[int, ...] | None = None) -> None:
         self.index = index
         self.complete = complete  # False when the output was cut off inside the item
         self.token_count = token_count  # body tokens of the item
+        # The body's token ids exactly as generated, for reasoning when the parser was asked to keep them (a
+        # sealed reasoning item renders back from them); not compared: they restate the text.
+        self.tokens = tokens
 
     def __repr__(self) -> str:
         return f"ItemDone({self.index}, complete={self.complete}, tokens={self.token_count})"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from array import array
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from functools import partial
 from typing import NamedTuple
@@ -110,6 +111,7 @@ class Renderer:
         self._open_assistant = (special.start, *vocab.encode("assistant"))
         self._call_header_end = [special.constrain, *vocab.encode("json"), special.message]
         self._developer_header = (special.start, *vocab.encode("developer"), special.message)
+        self._analysis_header = (*self._open_assistant, special.channel, *vocab.encode("analysis"), special.message)
         self._systems: dict[tuple[str, bool, tuple[str, ...]], tuple[int, ...]] = {}  # the few there are
         self._pieces: BoundedCache[Hashable, tuple[int, ...]] = BoundedCache(
             max_entries=cache_tokens // 32, max_weight=cache_tokens)
@@ -217,6 +219,8 @@ class Renderer:
         if isinstance(item, UserMessage):
             return self._text_message("user", None, item.text)
         if isinstance(item, Reasoning):
+            if item.tokens is not None:
+                return [*self._analysis_header, *item.tokens, self._end]
             return self._text_message("assistant", "analysis", item.text)
         if isinstance(item, AssistantMessage):
             return self._text_message("assistant", "commentary" if item.preamble else "final", item.text)
@@ -285,13 +289,15 @@ def encode_in_pieces(vocab: Vocab, text: str, piece_chars: int) -> list[int]:
     return tokens
 
 
-def _key(item: Item) -> tuple[str | bool, ...]:
-    """What an item's tokens depend on, as a tuple of strings: the garbage collector stops tracking such a
-    tuple, so a full cache adds nothing to its full collections (a call id is not rendered: not in the key)."""
+def _key(item: Item) -> tuple[str | bool | bytes, ...]:
+    """What an item's tokens depend on, as a tuple of strings (bytes for token ids): the collector stops tracking
+    such a tuple, so a full cache adds nothing to its full collections (a call id is not rendered: not in the key)."""
     if isinstance(item, UserMessage):
         return "user", item.text
     if isinstance(item, Reasoning):
-        return "reasoning", item.text
+        if item.tokens is None:
+            return "reasoning", item.text
+        return "reasoning tokens", array("I", item.tokens).tobytes()
     if isinstance(item, AssistantMessage):
         return "assistant", item.text, item.preamble
     if isinstance(item, ToolCall):

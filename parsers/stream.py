@@ -50,9 +50,15 @@ class _Mode(enum.Enum):
 class OutputParser:
     """Parses one assistant turn, from the token after the prompt's final `<|start|>assistant`."""
 
-    def __init__(self, vocab: Vocab, namespaces: frozenset[str] = frozenset()) -> None:
-        """`namespaces`: recipients (`weather`, `browser`, `python`) whose messages are server calls."""
+    def __init__(self, vocab: Vocab, namespaces: frozenset[str] = frozenset(),
+                 keep_reasoning_tokens: bool = False) -> None:
+        """`namespaces`: recipients (`weather`, `browser`, `python`) whose messages are server calls;
+        `keep_reasoning_tokens`: each reasoning item's `ItemDone` carries its body's token ids."""
         self._namespaces = namespaces
+        self._kept: list[int] | None = [] if keep_reasoning_tokens else None  # every token fed, when kept
+        self._fed = 0  # tokens fed before this call
+        self._at = 0  # position, among the tokens fed, of the special token being handled
+        self._body_start = 0  # where the open item's body begins
         self._token_text = vocab.token_text
         self._token_bytes = vocab.token_bytes
         self._text_token_count = vocab.text_token_count
@@ -85,6 +91,10 @@ class OutputParser:
 
     def feed(self, tokens: Sequence[int]) -> list[Event]:
         """Parse newly generated tokens; return the events they complete."""
+        base = self._fed
+        self._fed += len(tokens)
+        if self._kept is not None:
+            self._kept += tokens
         if self._plain_body and len(tokens) == 1:
             # The commonest step of all: one whole-character text token inside a body (engines stream one
             # token per step unless stream_interval > 1). Everything else takes the general loop.
@@ -98,7 +108,7 @@ class OutputParser:
         run: list[str] = []  # body text of the open item in this call, one piece per token
         token_text, text_token_count = self._token_text, self._text_token_count
         in_body, pending = self._mode is _Mode.BODY, self._pending
-        for token in tokens:
+        for offset, token in enumerate(tokens):
             if in_body and token < text_token_count:  # the hot path: a body token
                 piece = token_text[token]
                 if piece is None or pending:
@@ -112,6 +122,7 @@ class OutputParser:
             if token < text_token_count:
                 self._header_text(token, events)
             else:
+                self._at = base + offset
                 self._special(token, events)
             in_body, pending = self._mode is _Mode.BODY, self._pending
         if run:
@@ -122,6 +133,7 @@ class OutputParser:
     def finish(self) -> list[Event]:
         """The generation ended: close an item cut off mid-body, drop a half-written header."""
         events: list[Event] = []
+        self._at = self._fed
         if self._mode is _Mode.BODY:
             self._close(complete=False, events=events)
         elif self._mode is _Mode.PREFIX:
@@ -235,6 +247,7 @@ class OutputParser:
 
     def _open(self, kind: ItemKind, name: str | None, events: list[Event], channel: str | None = None) -> None:
         self._item, self._kind, self._item_tokens = self._next_index, kind, 0
+        self._body_start = self._at + 1  # after <|message|> (reasoning always has one)
         self._next_index += 1
         self._decoder.reset()
         self._pending = False
@@ -258,9 +271,12 @@ class OutputParser:
             if tail:
                 events.append(tail)
             self._pending = False
-        events.append(ItemDone(self._item, complete, self._item_tokens))
+        tokens = None
         if self._kind is ItemKind.REASONING:
             self._reasoning_tokens += self._item_tokens
+            if self._kept is not None:  # stray special tokens in the body included: exactly what was generated
+                tokens = tuple(self._kept[self._body_start:self._at])
+        events.append(ItemDone(self._item, complete, self._item_tokens, tokens))
         self._item, self._kind = -1, None
 
     def _reset_header(self, mode: _Mode) -> None:

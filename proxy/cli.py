@@ -33,6 +33,7 @@ from proxy.engines.routing import ROUTERS
 from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
 from proxy.metrics import Metrics
+from proxy.responses.sealing import KEY_ENV, MIN_SECRET_CHARS
 from proxy.responses.store import SQLiteResponseStore
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
@@ -100,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     responses.add_argument("--store-path", type=Path, default=default_store_path(),
                            help="SQLite file of stored responses (default: %(default)s)")
     responses.add_argument("--no-store", action="store_true", help="store no responses")
+    responses.add_argument("--reasoning-key", default=os.environ.get(KEY_ENV), metavar="SECRET",
+                           help="secret (16+ characters) that encrypted_content is sealed under (reasoning, "
+                                f"compaction); give replicas the same one; or set {KEY_ENV} (default: a random "
+                                "key per start)")
     responses.add_argument("--reasoning-summary-events", action="store_true",
                            help="also stream reasoning as response.reasoning_summary_text.* events")
     responses.add_argument("--mcp-allow", action="append", default=[], metavar="URL-PREFIX",
@@ -336,7 +341,14 @@ def _config(args: argparse.Namespace, engine_name: str) -> ServerConfig:
         tool_servers=_tool_servers(args.tool_server),
         max_tool_calls=_at_least("--max-tool-calls", args.max_tool_calls, 1),
         tool_call_timeout=_at_least("--tool-call-timeout", args.tool_call_timeout, 0.001),
+        reasoning_key=_reasoning_key(args.reasoning_key),
     )
+
+
+def _reasoning_key(secret: str | None) -> str | None:
+    if secret is not None and len(secret) < MIN_SECRET_CHARS:
+        raise StartupError(f"--reasoning-key must have at least {MIN_SECRET_CHARS} characters")
+    return secret
 
 
 def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab, config: ServerConfig) -> Engine:

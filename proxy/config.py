@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "both")  # "both": the same text in each of the two fields
 EFFORTS = ("low", "medium", "high")
@@ -25,3 +25,5 @@ class ServerConfig:
     tool_call_timeout: float = 60.0  # seconds one server-side tool call may take before it is cancelled
     metrics_public: bool = False  # /metrics answers without the API key
     log_requests: bool = False  # log each request's body and headers (never its Authorization)
+    # The secret sealed blobs (encrypted_content) are keyed from (--reasoning-key); None: a random key per start.
+    reasoning_key: str | None = field(default=None, repr=False)

@@ -108,12 +108,14 @@ async def tracked_steps(engine: Engine, request: GenerationRequest, outcome: Out
 async def parsed_events(
     engine: Engine, request: GenerationRequest, vocab: Vocab, outcome: Outcome,
     namespaces: frozenset[str] = frozenset(), generated: list[int] | None = None,
+    keep_reasoning_tokens: bool = False,
 ) -> AsyncGenerator[list[Event], None]:
     """Yield the events of each engine step, in order (a step may complete no event: an empty list).
 
     `namespaces`: server tools whose calls the parser reports; `generated`, when given, receives the token ids
-    (the server-side tool loop continues the prompt with them)."""
-    parser = OutputParser(vocab, namespaces)
+    (the server-side tool loop continues the prompt with them); `keep_reasoning_tokens`: reasoning items end with
+    their token ids (to seal them)."""
+    parser = OutputParser(vocab, namespaces, keep_reasoning_tokens)
     record = current_record.get()
     try:
         async with contextlib.aclosing(tracked_steps(engine, request, outcome)) as steps:

@@ -12,6 +12,7 @@ from proxy.engines.base import Engine
 from proxy.errors import APIError, model_not_found
 from proxy.metrics import Metrics
 from proxy.responses.jobs import BackgroundJobs
+from proxy.responses.sealing import Sealer, sealer_from
 from proxy.responses.store import ResponseStore
 from proxy.server_tools.allow import McpAllowList
 from proxy.server_tools.builtin import ToolServers
@@ -31,6 +32,7 @@ class ServerState:
     mcp_allow: McpAllowList = field(init=False)  # which client-supplied MCP server URLs may be reached
     tool_servers: ToolServers = field(init=False)  # gpt-oss's built-in tools, run by --tool-server MCP servers
     mcp_tool_lists: ToolListCache = field(init=False, default_factory=ToolListCache)  # across response chains
+    sealer: Sealer = field(init=False)  # seals and opens encrypted_content (reasoning, compaction)
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -40,6 +42,7 @@ class ServerState:
         self.jobs = BackgroundJobs(self.responses) if self.responses is not None else None
         self.mcp_allow = McpAllowList(self.config.mcp_allow)
         self.tool_servers = ToolServers(self.config.tool_servers)
+        self.sealer = sealer_from(self.config.reasoning_key)
 
     def check_model(self, model: object) -> None:
         if model != self.config.served_model_name:

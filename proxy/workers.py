@@ -17,6 +17,7 @@ import json
 import logging
 import multiprocessing
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,6 +28,7 @@ from uvicorn.supervisors import Multiprocess
 
 from proxy.access_log import configure_logging
 from proxy.metrics import MULTIPROCESS_ENV
+from proxy.responses.sealing import KEY_ENV
 
 logger = logging.getLogger("harmony_proxy")
 ARGV_ENV = "HARMONY_PROXY_WORKER_ARGV"  # the command line, as JSON, for workers to rebuild the server from
@@ -37,6 +39,10 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str) -
     from proxy.cli import uvicorn_options
 
     os.environ[ARGV_ENV] = json.dumps(argv)
+    if args.reasoning_key is None:  # one random key for all the workers, or a blob opens in one worker only
+        os.environ[KEY_ENV] = secrets.token_urlsafe(32)
+        logger.warning("no --reasoning-key (or %s): encrypted_content is sealed with a random key made now; "
+                       "blobs stop opening after a restart and on other replicas", KEY_ENV)
     metrics_dir = _metrics_folder()
     host, socket_path = None, Path()
     if engine_name == "trtllm":

@@ -46,13 +46,13 @@ def run_script(server: LiveServer, provider: str, mode: str) -> dict[str, Any]:
 # Which reasoning each provider shows, and whether it sends the first step's reasoning back with the tool result
 # (gpt-oss should see its chain of thought until the tool loop ends): @ai-sdk/openai's chat model reads no
 # `reasoning_content`; its responses model shows reasoning from summary events and refers back to the stored
-# reasoning item with an `item_reference`, but with `store: false` it drops reasoning that has no
-# `encrypted_content` (the server leaves it empty; the SDK warns), so the model does not see it again.
+# reasoning item with an `item_reference`; with `store: false` it asks for `reasoning.encrypted_content` and sends
+# the reasoning back as that blob alone (no text), which the server opens (proxy/responses/sealing.py).
 PROVIDERS = {
     "openai-compatible": (["Need the weather.", "Easy."], True),
     "openai-chat": ([None, None], False),
     "openai-responses": (["Need the weather.", "Easy."], True),
-    "openai-responses-store-false": (["Need the weather.", "Easy."], False),
+    "openai-responses-store-false": (["Need the weather.", "Easy."], True),
 }
 
 

@@ -138,3 +138,35 @@ def test_well_formed_turns_round_trip(specs: list[tuple[str, str | None, str]], 
         collector = ItemCollector()
         collector.add(events)
         assert collector.summary() == expected
+
+
+def kept_reasoning(chunks: list[list[int]]) -> list[tuple[int, ...] | None]:
+    parser = OutputParser(VOCAB, keep_reasoning_tokens=True)
+    events: list[Event] = []
+    for chunk in chunks:
+        events += parser.feed(chunk)
+    events += parser.finish()
+    return [event.tokens for event in events if isinstance(event, ItemDone) and event.tokens is not None]
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=token_streams, cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=12))
+def test_kept_reasoning_tokens_are_the_bodies_as_generated(tokens: list[int], cuts: list[int]) -> None:
+    """Each reasoning item's kept tokens are the ones between its <|message|> and what ended it, for any split;
+    decoded they give the item's text (sealed reasoning renders back from them)."""
+    whole = kept_reasoning([tokens])
+    assert kept_reasoning(chunked(tokens, cuts)) == whole == kept_reasoning([[t] for t in tokens])
+    events, _ = run(VOCAB, [tokens])
+    reasoning = [item for item in collected(events) if item.kind.value == "reasoning"]
+    assert len(reasoning) == len(whole)
+    text_tokens = VOCAB.text_token_count
+    for item, kept in zip(reasoning, whole):
+        assert VOCAB.decode([t for t in kept if t < text_tokens]) == item.text
+    analysis = VOCAB.encode_harmony("<|channel|>analysis<|message|>") + VOCAB.encode("why")
+    assert kept_reasoning([analysis, VOCAB.encode_harmony("<|end|>")]) == [tuple(VOCAB.encode("why"))]
+
+
+def collected(events: list[Event]) -> list[Any]:
+    collector = ItemCollector()
+    collector.add(events)
+    return collector.items

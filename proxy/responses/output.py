@@ -23,6 +23,9 @@ from proxy.responses.server_output import ApprovedCall, CallResult, ServerCall, 
 
 Payload = dict[str, Any]
 TextDelta = tuple["Item", str]  # text added to an item; written as that item's delta events
+# Seals a reasoning item's analysis (its token ids, or its text when the tokens are not known) into
+# `encrypted_content` (proxy/responses/sealing.py).
+Seal = Callable[[tuple[int, ...] | None, str], str]
 
 
 class Item:
@@ -47,8 +50,10 @@ class ResponseOutput:
         reasoning_event: str = "response.reasoning_text",
         hosted: HostedTools | None = None,
         max_server_calls: int | None = None,
+        seal: Seal | None = None,
     ) -> None:
         self._new_id = new_id
+        self._seal = seal  # reasoning items carry encrypted_content (include: reasoning.encrypted_content)
         self._max_tool_calls = max_tool_calls
         self._hosted = hosted  # the server-side tools, which say what a server call is
         self._max_server_calls = max_server_calls
@@ -80,7 +85,8 @@ class ResponseOutput:
                 if self.server_call is not None:
                     self.server_call.complete = event.complete
                 if self._open is not None:
-                    payloads += self._finish(self._open, "completed" if event.complete else "incomplete")
+                    payloads += self._finish(self._open, "completed" if event.complete else "incomplete",
+                                             event.tokens)
             elif isinstance(event, ToolsListed | ApprovedCall | CallResult):
                 payloads += self._tool_event(event)
         if pending:
@@ -94,6 +100,11 @@ class ResponseOutput:
             payloads += server_output.cut_off(self._awaiting, was_written=True)
             self._awaiting = None
         return payloads
+
+    @property
+    def seals(self) -> bool:
+        """Reasoning is sealed: the parser must keep reasoning token ids."""
+        return self._seal is not None
 
     def items(self) -> list[dict[str, Any]]:
         """The output items as they stand (an open item with its text so far)."""
@@ -149,7 +160,7 @@ class ResponseOutput:
             return tuple(prefixes)
         return (_delta_prefix({"type": "response.output_text.delta", **where, "content_index": 0, "logprobs": []}),)
 
-    def _finish(self, item: Item, status: str) -> list[Payload]:
+    def _finish(self, item: Item, status: str, tokens: tuple[int, ...] | None = None) -> list[Payload]:
         self._open = None
         if item.kind is ItemKind.SERVER_CALL:
             if status != "completed":
@@ -160,6 +171,8 @@ class ResponseOutput:
             self._awaiting = item
             return server_output.written(item)
         item.body["status"] = status
+        if item.kind is ItemKind.REASONING and self._seal is not None:
+            item.body["encrypted_content"] = self._seal(tokens, item.text)
         body = self._body(item, status)
         where = {"item_id": body["id"], "output_index": item.index}
         text = item.text

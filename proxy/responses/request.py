@@ -31,6 +31,7 @@ from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choic
 from proxy.options import response_format as _format
 from proxy.responses.hosted_request import HostedRequest, split_server_tools
 from proxy.responses.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
+from proxy.responses.sealing import Sealer
 from proxy.responses.server_items import ID_PREFIXES, ServerItems
 from proxy.responses.store import ResponseStore
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
@@ -64,6 +65,11 @@ class ResponsesRequest:
     background: bool
     hosted: HostedRequest = field(default_factory=HostedRequest)  # tools the server runs (MCP, browser, python)
     summaries: bool = False  # `reasoning.summary` asked: the reasoning also streams as its summary
+
+    @property
+    def sealed_reasoning(self) -> bool:
+        """Reasoning items are to carry `encrypted_content` (proxy/responses/sealing.py)."""
+        return "reasoning.encrypted_content" in (self.body.get("include") or ())
 
     def constraint(self) -> OutputConstraint:
         offered = () if self.tool_choice.mode == "none" else tuple(self.tools)
@@ -153,11 +159,13 @@ async def resolve(request: ResponsesRequest, store: ResponseStore | None) -> tup
     return history, resolved
 
 
-def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]]) -> Prompt:
+def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]],
+               sealer: Sealer) -> Prompt:
+    """The conversation to render; `sealer` opens the encrypted_content of reasoning items."""
     conversation: list[Item] = []
     if request.body.get("instructions"):
         conversation.append(Instructions(request.body["instructions"]))  # earlier instructions are not carried over
-    conversation += _conversation(history + items, first_input=len(history))
+    conversation += _conversation(history + items, len(history), sealer)
     conversation = with_verbosity(conversation, (request.body.get("text") or {}).get("verbosity"))
     if not any(not isinstance(item, Instructions) for item in conversation):
         raise invalid_request("The conversation is empty: send `input`.", param="input")
@@ -230,10 +238,13 @@ def _normalize(item: Any, position: int) -> dict[str, Any]:
     return {"id": item.get("id") or new_id(_ID_PREFIX[kind]), **item}
 
 
-def _conversation(items: list[dict[str, Any]], first_input: int) -> list[Item]:
+def _conversation(items: list[dict[str, Any]], first_input: int, sealer: Sealer) -> list[Item]:
     conversation: list[Item] = []
     call_names: dict[str, str] = {}
     server_items = ServerItems(items)
+    # Reasoning before the last user message is not rendered (parsers/render.py): its blobs stay closed.
+    last_user = max((position for position, item in enumerate(items)
+                     if item["type"] == "message" and item["role"] == "user"), default=-1)
     for position, item in enumerate(items):
         where = f"input[{position - first_input}]" if position >= first_input else "previous_response_id"
         kind = item["type"]
@@ -247,10 +258,9 @@ def _conversation(items: list[dict[str, Any]], first_input: int) -> list[Item]:
             elif text:
                 conversation.append(AssistantMessage(text, preamble=_is_preamble(items, position)))
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            text = "\n\n".join(part["text"] for part in parts if part.get("text"))
-            if text:
-                conversation.append(Reasoning(text))
+            reasoning = _reasoning(item, sealer if position > last_user else None)
+            if reasoning is not None:
+                conversation.append(reasoning)
         elif kind == "function_call":
             try:
                 make_tool(item["name"], None, None, None, where)
@@ -267,6 +277,18 @@ def _conversation(items: list[dict[str, Any]], first_input: int) -> list[Item]:
         else:  # the items of tools the server ran (proxy/responses/server_items.py)
             conversation += server_items.read(item)
     return conversation
+
+
+def _reasoning(item: dict[str, Any], sealer: Sealer | None) -> Reasoning | None:
+    """The analysis a reasoning item stands for: from its blob when it opens (token for token as generated),
+    else from its content or summary text; None when it has neither."""
+    parts = item.get("content") or item.get("summary") or []
+    text = "\n\n".join(part["text"] for part in parts if part.get("text"))
+    blob = item.get("encrypted_content")
+    sealed = sealer.open_reasoning(blob) if blob and sealer is not None else None
+    if sealed is not None:
+        return Reasoning(sealed.text or text, sealed.tokens)
+    return Reasoning(text) if text else None
 
 
 def _is_preamble(items: list[dict[str, Any]], position: int) -> bool:

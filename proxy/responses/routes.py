@@ -8,7 +8,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from proxy.config import ServerConfig
 from proxy.disconnect import unless_disconnected
 from proxy.engines.base import GenerationRequest
 from proxy.errors import APIError, invalid_request
@@ -50,12 +49,13 @@ async def create_response(request: Request) -> Response:
         output, outcome, events = await unless_disconnected(
             request, _tool_loop(state, parsed, history, items, response_id))
     else:
-        engine_request = _generation(state, parsed, response_id,
-                                     await state.renderer.render_off_loop(prompt_for(parsed, history, items)),
+        prompt = prompt_for(parsed, history, items, state.sealer)
+        engine_request = _generation(state, parsed, response_id, await state.renderer.render_off_loop(prompt),
                                      _hints(request, parsed))
         outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
-        output = _output(config, parsed)
-        events = parsed_events(state.engine, engine_request, state.vocab, outcome)
+        output = _output(state, parsed)
+        events = parsed_events(state.engine, engine_request, state.vocab, outcome,
+                               keep_reasoning_tokens=output.seals)
     store = state.responses if parsed.store else None
     if parsed.background:  # `background` requires a store, checked above; the job's process owns the record
         run = ResponseRun(response_id, parsed, items, output, outcome, events, state.responses.save_owned)
@@ -85,7 +85,8 @@ def _hints(request: Request, parsed: ResponsesRequest) -> tuple[str, ...]:
     return routing_hints(request.headers, body.get("previous_response_id"), conversation, body.get("prompt_cache_key"))
 
 
-def _output(config: ServerConfig, parsed: ResponsesRequest, hosted: HostedTools | None = None) -> ResponseOutput:
+def _output(state: ServerState, parsed: ResponsesRequest, hosted: HostedTools | None = None) -> ResponseOutput:
+    config = state.config
     limit = parsed.body.get("max_tool_calls")
     return ResponseOutput(
         new_id,
@@ -94,6 +95,7 @@ def _output(config: ServerConfig, parsed: ResponsesRequest, hosted: HostedTools 
         reasoning_event="response.reasoning" if config.open_responses_events else "response.reasoning_text",
         hosted=hosted,
         max_server_calls=min(limit, config.max_tool_calls) if limit is not None else config.max_tool_calls,
+        seal=state.sealer.seal_reasoning if parsed.sealed_reasoning else None,
     )
 
 
@@ -110,12 +112,12 @@ async def _tool_loop(state: ServerState, parsed: ResponsesRequest, history: list
         if parsed.tool_choice.mode == "none":
             hosted.offer_none()
         approvals = pending_approvals(earlier)
-        output = _output(config, parsed, hosted)
+        output = _output(state, parsed, hosted)
         loop = ToolLoop(state.engine, state.vocab, hosted, sessions, output, response_id, parsed.options,
                         parsed.constraint(), config.max_model_len)
 
         async def render(ran: list[dict[str, Any]]) -> list[int]:
-            prompt = prompt_for(parsed, history, [*items, *ran])
+            prompt = prompt_for(parsed, history, [*items, *ran], state.sealer)
             prompt.builtin_tools, prompt.namespaces = tuple(sorted(hosted.builtin)), hosted.namespaces
             return await state.renderer.render_off_loop(prompt)
 

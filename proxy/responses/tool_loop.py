@@ -117,7 +117,8 @@ class ToolLoop:
         outcome = Outcome(prompt_tokens=len(request.prompt_token_ids))
         try:
             async with contextlib.aclosing(parsed_events(self._engine, request, self._vocab, outcome,
-                                                         self._hosted.recipients, generated)) as events:
+                                                         self._hosted.recipients, generated,
+                                                         self._output.seals)) as events:
                 async for step_events in events:
                     yield step_events
         finally:

@@ -1,0 +1,124 @@
+"""Sealed blobs: what the server hands a stateless client to carry and send back, unreadable and unforgeable.
+
+`encrypted_content` of a reasoning item holds the token ids of the model's analysis message, so that sent back
+it renders token for token as the model wrote it; a `compaction` item's holds the compacted conversation. Both
+are AES-GCM (`cryptography`) under a key the operator gives (`--reasoning-key`, or HARMONY_PROXY_REASONING_KEY,
+shared by replicas) or, without one, a random key made at start.
+
+A blob is `base64url(version | key id | nonce | ciphertext)`. The associated data binds the issuer, the
+version, the key id and the kind of blob (a compaction blob cannot pass as reasoning). The plaintext is a
+zlib-compressed JSON object. A blob that is not ours, was altered, was sealed under another key or by another
+version opens to None, with a warning in the log: the caller falls back on the item's plain text, so a long
+session never fails on an old blob.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import logging
+import os
+import secrets
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+logger = logging.getLogger("harmony_proxy")
+
+KEY_ENV = "HARMONY_PROXY_REASONING_KEY"
+VERSION = 1
+ISSUER = b"harmony-proxy"
+REASONING, COMPACTION = "reasoning", "compaction"
+_KEY_ID_BYTES, _NONCE_BYTES = 8, 12
+_HEADER = 1 + _KEY_ID_BYTES + _NONCE_BYTES
+MIN_SECRET_CHARS = 16
+
+
+@dataclass(frozen=True)
+class SealedReasoning:
+    """What a reasoning blob holds: the analysis body's token ids as generated, or, when the generation failed
+    before the parser gave them, its text."""
+
+    tokens: tuple[int, ...] | None
+    text: str
+
+
+class Sealer:
+    def __init__(self, secret: str | None = None) -> None:
+        """`secret`: any string of at least MIN_SECRET_CHARS characters (a key is derived from it); None makes a
+        random key, good for this process only."""
+        self.random = secret is None
+        if secret is None:
+            secret = secrets.token_urlsafe(32)
+        elif len(secret) < MIN_SECRET_CHARS:
+            raise ValueError(f"the reasoning key must have at least {MIN_SECRET_CHARS} characters")
+        material = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                        info=b"harmony-proxy sealed blobs").derive(secret.encode())
+        self._aead = AESGCM(material)
+        self.key_id = hashlib.sha256(b"harmony-proxy key id" + material).digest()[:_KEY_ID_BYTES]
+
+    def seal(self, kind: str, payload: dict[str, Any]) -> str:
+        nonce = os.urandom(_NONCE_BYTES)
+        plain = zlib.compress(json.dumps(payload, separators=(",", ":")).encode(), 6)
+        header = bytes([VERSION]) + self.key_id + nonce
+        sealed = self._aead.encrypt(nonce, plain, self._associated(kind, VERSION, self.key_id))
+        return base64.urlsafe_b64encode(header + sealed).decode("ascii")
+
+    def open(self, kind: str, blob: str) -> dict[str, Any] | None:
+        """The payload, or None (logged) for a blob that is not one of ours under this key and version."""
+        try:
+            raw = base64.urlsafe_b64decode(blob.encode("ascii"))
+        except (binascii.Error, UnicodeEncodeError, ValueError):
+            raw = b""
+        if len(raw) <= _HEADER:
+            return _refused(kind, "it is not a harmony-proxy blob")
+        version, key_id, nonce = raw[0], raw[1:1 + _KEY_ID_BYTES], raw[1 + _KEY_ID_BYTES:_HEADER]
+        if version != VERSION:
+            return _refused(kind, f"it was sealed by format version {version}, this server reads {VERSION}")
+        if key_id != self.key_id:
+            return _refused(kind, "it was sealed under another key (set the same --reasoning-key on every replica)")
+        try:
+            plain = self._aead.decrypt(nonce, raw[_HEADER:], self._associated(kind, version, key_id))
+            payload = json.loads(zlib.decompress(plain))
+        except (InvalidTag, zlib.error, ValueError):
+            return _refused(kind, "it does not authenticate (altered, or not a blob of this kind)")
+        return payload if isinstance(payload, dict) else _refused(kind, "its payload is not an object")
+
+    def seal_reasoning(self, tokens: Sequence[int] | None, text: str) -> str:
+        return self.seal(REASONING, {"tokens": list(tokens)} if tokens is not None else {"text": text})
+
+    def open_reasoning(self, blob: str) -> SealedReasoning | None:
+        payload = self.open(REASONING, blob)
+        if payload is None:
+            return None
+        tokens = payload.get("tokens")
+        if isinstance(tokens, list) and all(type(token) is int and token >= 0 for token in tokens):
+            return SealedReasoning(tuple(tokens), "")
+        text = payload.get("text")
+        return SealedReasoning(None, text) if isinstance(text, str) else _refused(REASONING, "its payload is empty")
+
+    @staticmethod
+    def _associated(kind: str, version: int, key_id: bytes) -> bytes:
+        return b"|".join([ISSUER, bytes([version]), key_id, kind.encode()])
+
+
+def _refused(kind: str, why: str) -> None:
+    logger.warning("ignored the encrypted_content of a %s item: %s; using its text instead", kind, why)
+    return None
+
+
+def sealer_from(secret: str | None) -> Sealer:
+    """The server's sealer; without a key, a random one, said in the log (blobs then last until a restart)."""
+    sealer = Sealer(secret)
+    if sealer.random:
+        logger.warning("no --reasoning-key (or %s): encrypted_content is sealed with a random key made now; blobs "
+                       "stop opening after a restart and on other replicas", KEY_ENV)
+    return sealer
