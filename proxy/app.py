@@ -21,6 +21,7 @@ from proxy.errors import APIError, api_error_handler, engine_error_handler, http
 from proxy.metrics import metrics_endpoint
 from proxy.observer import RequestObserver
 from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
+from proxy.responses.input_tokens import count_input_tokens
 from proxy.responses.routes import (
     cancel_response,
     create_response,
@@ -69,6 +70,7 @@ def create_app(
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
             Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
             Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
