@@ -12,8 +12,12 @@ import gc
 import importlib.util
 import logging
 import os
+import shutil
+import signal
+import socket
 import sqlite3
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,21 @@ def default_store_path() -> Path:
     return Path(data) / "harmony-proxy" / "responses.sqlite3"
 
 
+def choose_store_path(args: argparse.Namespace, engine_name: str, argv: list[str]) -> Path | None:
+    """Where responses are stored when --store-path is not given: the user's data folder for a real model; for
+    the mock and scripted engines, which people try and test with, a temporary folder (returned, for removal
+    when the server stops; workers are told the path through `argv`)."""
+    if args.store_path is not None or args.no_store or engine_name not in ("mock", "scripted"):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="harmony-proxy-store-"))
+    # uvicorn hands SIGTERM on once it has shut down: end by SystemExit then, so the folder is removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    args.store_path = folder / "responses.sqlite3"
+    argv += ["--store-path", str(args.store_path)]
+    logger.info("storing responses in %s until the server stops (--store-path to keep them)", args.store_path)
+    return folder
+
+
 class StartupError(Exception):
     """A problem with the options or files, reported in one line before anything is served."""
 
@@ -73,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int,
                        help=f"context window, prompt plus output (default: --max_seq_len, else {DEFAULT_CONTEXT})")
     serve.add_argument("--api-key", default=os.environ.get("HARMONY_PROXY_API_KEY"),
-                       help="require `Authorization: Bearer KEY` on /v1 routes (or set HARMONY_PROXY_API_KEY)")
+                       help="require `Authorization: Bearer KEY` on every route but /health and the playground page "
+                            "(/metrics too, unless --metrics-public; or set HARMONY_PROXY_API_KEY)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="on SIGTERM, seconds running requests may take to finish before they are aborted")
     serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"))
@@ -98,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                                "many as --max-concurrent-requests)")
 
     responses = serve.add_argument_group("Responses API")
-    responses.add_argument("--store-path", type=Path, default=default_store_path(),
-                           help="SQLite file of stored responses (default: %(default)s)")
+    responses.add_argument("--store-path", type=Path,
+                           help=f"SQLite file of stored responses (default: {default_store_path()}; with the mock "
+                                "and scripted engines a file in a temporary folder, removed when the server stops)")
     responses.add_argument("--no-store", action="store_true", help="store no responses")
     responses.add_argument("--reasoning-key", default=os.environ.get(KEY_ENV), metavar="SECRET",
                            help="secret (16+ characters) that encrypted_content is sealed under (reasoning, "
@@ -184,19 +205,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     loop, http = runtime()
     logger.info("event loop %s, HTTP parser %s, %d worker process%s", loop, http, args.workers,
                 "" if args.workers == 1 else "es")
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    temporary = None
     try:
         _check_capacity(args)
         engine_name = engine_choice(args)
+        temporary = choose_store_path(args, engine_name, arguments)
         if args.workers > 1:
             from proxy.workers import serve_workers
 
-            serve_workers(args, list(sys.argv[1:] if argv is None else argv), engine_name)
+            serve_workers(args, arguments, engine_name)
             return
+        listening = bind(args)  # before the engine starts: a port in use stops the server before anything loads
         state = build_state(args, engine_name)
+        run_server(args, state, listening)
     except (StartupError, VocabError, ScriptError, LlmArgsError) as exc:
         print(f"harmony-proxy: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
 
+
+def bind(args: argparse.Namespace) -> socket.socket:
+    """The listening socket, as uvicorn binds it (it logs the error and exits when the address is in use)."""
+    return uvicorn.Config(None, **uvicorn_options(args)).bind_socket()
+
+
+def run_server(args: argparse.Namespace, state: ServerState, listening: socket.socket) -> None:
     failures: list[BaseException] = []
 
     def engine_failed(error: BaseException) -> None:
@@ -206,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = create_app(state, on_engine_failure=engine_failed)
     freeze_startup_objects()
     server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(args)))
-    server.run()
+    server.run(sockets=[listening])
     if failures:
         print(f"harmony-proxy: error: the {state.engine.name} engine failed to start: {failures[0]}", file=sys.stderr)
         raise SystemExit(1)
@@ -243,10 +279,11 @@ def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | Non
         engine = _build_engine(engine_name, args, vocab, config)
     metrics = Metrics(config.served_model_name, engine.name, config.max_model_len)
     engine = AdmittedEngine(engine, admission_queue(args, engine_name, metrics))
+    path = args.store_path or default_store_path()
     try:
-        store = None if args.no_store else SQLiteResponseStore(args.store_path, metrics.store_operation)
+        store = None if args.no_store else SQLiteResponseStore(path, metrics.store_operation)
     except (OSError, sqlite3.Error) as exc:
-        raise StartupError(f"cannot open the response store {args.store_path}: {exc}") from None
+        raise StartupError(f"cannot open the response store {path}: {exc}") from None
     return ServerState(config, vocab, engine, store, metrics)
 
 

@@ -44,6 +44,8 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str) -
         logger.warning("no --reasoning-key (or %s): encrypted_content is sealed with a random key made now; "
                        "blobs stop opening after a restart and on other replicas", KEY_ENV)
     metrics_dir = _metrics_folder()
+    config = uvicorn.Config("proxy.workers:worker_app", factory=True, workers=args.workers, **uvicorn_options(args))
+    listening = config.bind_socket()  # before the engine host starts: a port in use stops everything at once
     host, socket_path = None, Path()
     if engine_name == "trtllm":
         socket_path = Path(tempfile.mkdtemp(prefix="harmony-proxy-")) / "engine.sock"
@@ -53,9 +55,8 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str) -
         )
         host.start()
         logger.info("trtllm engine host started (pid %d); workers connect to %s", host.pid, socket_path)
-    config = uvicorn.Config("proxy.workers:worker_app", factory=True, workers=args.workers, **uvicorn_options(args))
     try:
-        Multiprocess(config, sockets=[config.bind_socket()]).run()
+        Multiprocess(config, sockets=[listening]).run()
     finally:
         if host is not None:
             host.terminate()  # SIGTERM: the host aborts what is left and shuts the LLM down

@@ -113,6 +113,49 @@ def test_serve_without_engine_says_loop_parser_and_mock_in_its_first_log_lines(t
     assert "Application shutdown complete" in output and process.returncode in (0, -15)
 
 
+def test_the_mock_stores_responses_in_a_temporary_folder_it_removes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    port = free_port()
+    process = start([sys.executable, "-m", "proxy", "serve", "--port", str(port)], clean_env(tmp_path, HOME=str(home)))
+    try:
+        wait_healthy(port, process)
+        created = httpx.post(f"http://127.0.0.1:{port}/v1/responses",
+                             json={"model": "openai/gpt-oss-20b", "input": "Use get_weather.", "tools": [{
+                                 "type": "function", "name": "get_weather", "parameters": {"type": "object"}}]},
+                             timeout=30).json()
+        stored = httpx.get(f"http://127.0.0.1:{port}/v1/responses/{created['id']}", timeout=30)
+        assert stored.status_code == 200  # stored, so previous_response_id works
+        folders = [path for path in tmp_path.iterdir() if path.name.startswith("harmony-proxy-store-")]
+        assert [path.name for path in folders[0].iterdir()][:1] == ["responses.sqlite3"]
+    finally:
+        output = stop(process)
+    assert "storing responses in" in output and "until the server stops" in output
+    assert list(home.iterdir()) == []  # nothing written to the home folder
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith("harmony-proxy-store-")]
+    # The mock's own answer counts right.
+    assert created["output"][0]["content"][0]["text"].count("1 tool;") == 1
+
+
+def test_a_port_in_use_stops_the_server_before_the_engine_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--port", str(port)],
+                                env=clean_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "Address already in use" in result.stderr
+    assert "engine is ready" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_help_says_what_the_api_key_covers() -> None:
+    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True,
+                            timeout=60)
+    text = " ".join(result.stdout.split())
+    assert "on every route but /health and the playground page" in text and "/v1 routes" not in text
+
+
 def test_serve_scripted_engine_from_a_file(tmp_path: Path) -> None:
     script = tmp_path / "script.jsonl"
     lines = ["<|channel|>final<|message|>first<|return|>", "<|channel|>final<|message|>second<|return|>"]

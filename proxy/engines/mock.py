@@ -123,8 +123,8 @@ class MockModel:
         constraint = request.constraint
         tool = _chosen_tool(constraint.tools, constraint.tool_choice.mode, constraint.tool_choice.name, last_body)
         about = (
-            f"Mock engine, not a model. The prompt has {len(messages)} messages and {len(constraint.tools)} "
-            f"tools; reasoning effort {effort.group(1) if effort else 'unknown'}."
+            f"Mock engine, not a model. The prompt has {_count(len(messages), 'message')} and "
+            f"{_count(len(constraint.tools), 'tool')}; reasoning effort {effort.group(1) if effort else 'unknown'}."
         )
         answer_format = constraint.response_format
         if last_author.startswith("functions.") and not constraint.tool_choice.forces_call:
@@ -175,6 +175,10 @@ class MockModel:
                 messages.append((header.strip(), self._vocab.decode(prompt[body:position])))
                 start = body = None
         return messages
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
 def _chosen_tool(tools: tuple[FunctionTool, ...], mode: str, name: str | None, user_text: str) -> FunctionTool | None:
