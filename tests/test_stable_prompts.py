@@ -1,0 +1,86 @@
+"""Stable prompts across a stateless session (issue 18 item 5): a client that resends everything (store=False,
+sealed reasoning) gets prompts that each begin with exactly the tokens of the previous prompt and what the model
+generated, so an engine's prefix cache serves them. Harmony itself changes two things once a turn ends in a final
+answer (parsers/render.py): `<|return|>` is written `<|end|>`, and that turn's analysis is dropped; the check
+applies those two rules at the token level, to the tokens the engine really saw and wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from parsers.vocab import Vocab
+from proxy.engines.playback import PlaybackEngine
+from tests.conftest import MODEL, LiveServer
+from tests.engines import Recording
+from tests.test_e2e_chat import client_for
+from tests.test_sealed_reasoning import INCLUDE, KEY, WEATHER
+
+CITIES = ["Paris", "Lyon", "Oslo", "Rome", "Kyiv", "Lima", "Baku", "Doha", "Riga", "Bern"]
+
+
+def tool_call(vocab: Vocab, turn: int) -> list[int]:
+    """An analysis, on even turns a preamble, then a call: what gpt-oss writes in a tool loop. The analysis spells
+    "tool" as "to" + "ol", as a sampled model may and the tokenizer would not: only the sealed blob keeps that."""
+    preamble = "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant" if turn % 2 == 0 else ""
+    analysis = [*vocab.encode(f"Turn {turn}: the user wants {CITIES[turn]}; call the to"), *vocab.encode("ol.")]
+    assert analysis != vocab.encode(f"Turn {turn}: the user wants {CITIES[turn]}; call the tool.")
+    return [*vocab.encode_harmony("<|channel|>analysis<|message|>"), *analysis, *vocab.encode_harmony(
+        f"<|end|><|start|>assistant{preamble}<|channel|>commentary to=functions.get_weather <|constrain|>json"
+        f'<|message|>{{"city":"{CITIES[turn]}"}}<|call|>')]
+
+
+def answer(vocab: Vocab, turn: int) -> list[int]:
+    return vocab.encode_harmony(f"<|channel|>analysis<|message|>Turn {turn}: the tool said {turn + 10}C.<|end|>"
+            f"<|start|>assistant<|channel|>final<|message|>It is {turn + 10}C in {CITIES[turn]}.<|return|>")
+
+
+def harmony_continuation(vocab: Vocab, prompt: list[int], generated: list[int]) -> list[int]:
+    """What the next prompt must begin with: the prompt and the generated tokens, and when they end the turn with
+    a final answer, `<|return|>` as `<|end|>` and the analysis messages after the last user message left out."""
+    tokens = prompt + generated
+    special = vocab.special
+    if tokens[-1] != special.return_:
+        return tokens
+    tokens[-1] = special.end
+    starts = [i for i, token in enumerate(tokens) if token == special.start] + [len(tokens)]
+    messages = [tokens[a:b] for a, b in zip(starts, starts[1:])]
+    head = tokens[: starts[0]]
+    last_user = max(i for i, message in enumerate(messages) if vocab.decode(message).startswith("<|start|>user"))
+    analysis = "<|start|>assistant<|channel|>analysis<|message|>"
+    kept = [message for i, message in enumerate(messages)
+            if i < last_user or not vocab.decode(message).startswith(analysis)]
+    return head + [token for message in kept for token in message]
+
+
+def test_twenty_stateless_turns_keep_every_prefix(serve: Callable[..., LiveServer], vocab: Any) -> None:
+    turns = 10  # user turns, each a tool call and an answer: 20 requests
+    script = [completion for turn in range(turns) for completion in (tool_call(vocab, turn), answer(vocab, turn))]
+    lines = iter(script)
+    engine = Recording(PlaybackEngine("scripted", lambda request: next(lines)))
+    server = serve(engine=engine, reasoning_key=KEY)
+    client = client_for(server)
+    conversation: list[dict[str, Any]] = []
+    for turn in range(turns):
+        conversation.append({"role": "user", "content": f"Weather in {CITIES[turn]}?"})
+        while True:
+            response = client.responses.create(model=MODEL, instructions="You are a weather bot.", tools=[WEATHER],
+                                               input=conversation, store=False, include=INCLUDE)
+            output = [item.model_dump(exclude_none=True) for item in response.output]
+            assert all(item["encrypted_content"] for item in output if item["type"] == "reasoning")
+            conversation += output
+            calls = [item for item in output if item["type"] == "function_call"]
+            if not calls:
+                assert response.output_text == f"It is {turn + 10}C in {CITIES[turn]}."
+                break
+            conversation += [{"type": "function_call_output", "call_id": call["call_id"], "output": f"{turn + 10}C"}
+                             for call in calls]
+    prompts = [request.prompt_token_ids for request in engine.requests]
+    assert len(prompts) == 2 * turns
+    for step in range(1, len(prompts)):
+        expected = harmony_continuation(vocab, prompts[step - 1], script[step - 1])
+        assert prompts[step][: len(expected)] == expected, f"request {step} does not continue request {step - 1}"
+    # The analysis of the open tool loop is in the prompt as written; an ended turn's is not.
+    last = vocab.decode(prompts[-1])
+    assert f"Turn {turns - 1}: the user wants {CITIES[turns - 1]}; call the tool." in last
+    assert "Turn 0:" not in last
