@@ -21,6 +21,7 @@ from proxy.errors import APIError, api_error_handler, engine_error_handler, http
 from proxy.metrics import metrics_endpoint
 from proxy.observer import RequestObserver
 from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
+from proxy.responses import conversations
 from proxy.responses.input_tokens import count_input_tokens
 from proxy.responses.routes import (
     cancel_response,
@@ -75,6 +76,16 @@ def create_app(
             Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
             Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
+            Route("/v1/conversations", conversations.create_conversation, methods=["POST"]),
+            Route("/v1/conversations/{conversation_id}", conversations.retrieve_conversation, methods=["GET"]),
+            Route("/v1/conversations/{conversation_id}", conversations.update_conversation, methods=["POST"]),
+            Route("/v1/conversations/{conversation_id}", conversations.delete_conversation, methods=["DELETE"]),
+            Route("/v1/conversations/{conversation_id}/items", conversations.list_items, methods=["GET"]),
+            Route("/v1/conversations/{conversation_id}/items", conversations.add_items, methods=["POST"]),
+            Route("/v1/conversations/{conversation_id}/items/{item_id}", conversations.retrieve_item,
+                  methods=["GET"]),
+            Route("/v1/conversations/{conversation_id}/items/{item_id}", conversations.delete_item,
+                  methods=["DELETE"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),

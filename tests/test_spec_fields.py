@@ -72,6 +72,7 @@ FUNCTION_OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output"
 OUTPUT_TEXT = {"type": "output_text", "text": "Hello.", "annotations": []}
 OUTPUT_MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed", "content": [OUTPUT_TEXT]}
 PREVIOUS = "<the id of a stored response>"  # replaced when sent
+CONVERSATION = "<the id of a new conversation>"  # replaced when sent
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ SURFACES = [
         lambda body: body,
         {"input": [QUESTION], "model": MODEL, "access_programs": {"cyber": "standard"}, "background": True,
          "background_options": {"completion_window": "soonest"},
-         "context_management": [{"type": "compaction", "compact_threshold": 100000}], "conversation": "conv_123",
+         "context_management": [{"type": "compaction", "compact_threshold": 100000}], "conversation": CONVERSATION,
          "image": {"context_compression": "auto"}, "include": ["reasoning.encrypted_content"],
          "instructions": "Be brief.", "max_output_tokens": 64, "max_tool_calls": 1, "metadata": {"team": "a"},
          "moderation": {"model": "omni-moderation-latest"}, "parallel_tool_calls": False,
@@ -189,7 +190,6 @@ SURFACES = [
          "text": {"verbosity": "medium"}, "tool_choice": "auto", "tools": [TOOL], "top_logprobs": 0, "top_p": 0.9,
          "truncation": "disabled", "user": "user-1"},
         refused={"context_management": "no server-side compaction",
-                 "conversation": "no conversation objects: use previous_response_id",
                  "moderation": "no moderation model runs here",
                  "prompt": "no stored prompt templates"},
     ),
@@ -296,6 +296,8 @@ def previous(server: LiveServer) -> str:
 
 
 def send(server: LiveServer, surface: Surface, name: str, value: Any, previous: str) -> httpx.Response:
+    if value == CONVERSATION:
+        value = httpx.post(server.base_url + "/v1/conversations", json={}, timeout=30).json()["id"]
     body = surface.place({**surface.base, name: previous if value == PREVIOUS else value})
     return httpx.post(server.base_url + surface.path, json={"model": MODEL, **body}, timeout=30)
 

@@ -63,6 +63,7 @@ class ResponsesRequest:
     store: bool
     stream: bool
     background: bool
+    conversation: str | None  # the id of the conversation this response continues and adds to
     hosted: HostedRequest = field(default_factory=HostedRequest)  # tools the server runs (MCP, browser, python)
     summaries: bool = False  # `reasoning.summary` asked: the reasoning also streams as its summary
 
@@ -102,8 +103,15 @@ def parse_responses_request(
     if background and body.get("stream"):
         raise invalid_request("Background responses are not streamed here: poll GET /v1/responses/{id} instead.",
                               param="stream", code="unsupported_parameter")
-    raw_input = body.get("input")
-    items = [_normalize(item, position) for position, item in enumerate(_input_list(raw_input))]
+    conversation = body.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = conversation["id"]
+    if conversation is not None and body.get("previous_response_id") is not None:
+        raise invalid_request("`conversation` and `previous_response_id` are mutually exclusive: send one of them.",
+                              param="conversation", code="mutually_exclusive_parameters")
+    if conversation is not None and not store:
+        raise invalid_request("A response in a `conversation` is stored in it: leave `store` true.", param="store")
+    items = normalize_items(_input_list(body.get("input")), "input")
     try:
         declared = catalog.read([(t["name"], t.get("description"), t.get("parameters"), t.get("strict"))
                                  for t in body.get("tools") or []], lambda position: f"tools[{position}]")
@@ -131,13 +139,15 @@ def parse_responses_request(
         store=store,
         stream=bool(body.get("stream")),
         background=background,
+        conversation=conversation,
         hosted=hosted,
         summaries=(reasoning.get("summary") or reasoning.get("generate_summary")) is not None,
     )
 
 
 async def resolve(request: ResponsesRequest, store: ResponseStore | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(history, input items) with `previous_response_id` and item references looked up in the store."""
+    """(history, input items) with `previous_response_id` or `conversation`, and item references, looked up in
+    the store."""
     previous = request.body.get("previous_response_id")
     history: list[dict[str, Any]] = []
     if previous:
@@ -146,17 +156,52 @@ async def resolve(request: ResponsesRequest, store: ResponseStore | None) -> tup
             raise APIError(404, f"Previous response with id '{previous}' not found.", param="previous_response_id",
                            code="previous_response_not_found")
         history = found
-    references = [item["id"] for item in request.input_items if item["type"] == "item_reference"]
-    stored = await store.items(references) if store is not None and references else {}
+    elif request.conversation is not None:
+        found = await store.conversation_items(request.conversation) if store is not None else None
+        if found is None:
+            raise conversation_not_found(request.conversation)
+        history = found
+    resolved = await resolve_references(request.input_items, store, "input")
+    if request.conversation is not None:  # every item of a conversation has an id of its own
+        refuse_duplicates([item["id"] for item in history], resolved, "input")
+    return history, resolved
+
+
+async def resolve_references(items: list[dict[str, Any]], store: ResponseStore | None,
+                             param: str) -> list[dict[str, Any]]:
+    """The items with each `item_reference` replaced by the stored item it names (404 if none)."""
+    references = [item["id"] for item in items if item["type"] == "item_reference"]
+    if not references:
+        return items
+    stored = await store.items(references) if store is not None else {}
     resolved = []
-    for position, item in enumerate(request.input_items):
+    for position, item in enumerate(items):
         if item["type"] == "item_reference":
             if item["id"] not in stored:
-                raise APIError(404, f"Item with id '{item['id']}' not found.", param=f"input[{position}].id",
+                raise APIError(404, f"Item with id '{item['id']}' not found.", param=f"{param}[{position}].id",
                                code="item_not_found")
             item = stored[item["id"]]
         resolved.append(item)
-    return history, resolved
+    return resolved
+
+
+def normalize_items(raw: list[Any], param: str) -> list[dict[str, Any]]:
+    """Input items as OpenAI lists them back: each with an id and a type, string content as text parts."""
+    return [_normalize(item, f"{param}[{position}]") for position, item in enumerate(raw)]
+
+
+def refuse_duplicates(earlier: list[str], items: list[dict[str, Any]], param: str) -> None:
+    seen = set(earlier)
+    for position, item in enumerate(items):
+        if item["id"] in seen:
+            raise invalid_request(f"Duplicate item found with id {item['id']}. Remove duplicate items from your "
+                                  "input and try again.", param=f"{param}[{position}]")
+        seen.add(item["id"])
+
+
+def conversation_not_found(conversation_id: str) -> APIError:
+    return APIError(404, f"Conversation with id '{conversation_id}' not found.", param="conversation",
+                    code="not_found")
 
 
 def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]],
@@ -209,8 +254,7 @@ def _input_list(raw: Any) -> list[Any]:
     return raw
 
 
-def _normalize(item: Any, position: int) -> dict[str, Any]:
-    where = f"input[{position}]"
+def _normalize(item: Any, where: str) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise invalid_request("Each input item must be an object.", param=where)
     kind = item.get("type") or ("message" if "role" in item else "item_reference")
@@ -235,7 +279,7 @@ def _normalize(item: Any, position: int) -> dict[str, Any]:
                 raise invalid_request(f"Content part type {piece['type']!r} is not supported: gpt-oss takes text only.",
                                       param=f"{where}.content[{index}]", code="unsupported_content")
         item = {**item, "content": content, "status": item.get("status") or "completed"}
-    return {"id": item.get("id") or new_id(_ID_PREFIX[kind]), **item}
+    return {"id": item.get("id") or new_id(_ID_PREFIX[kind]), **{key: item[key] for key in item if key != "id"}}
 
 
 def _conversation(items: list[dict[str, Any]], first_input: int, sealer: Sealer) -> list[Item]:

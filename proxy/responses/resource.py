@@ -36,6 +36,7 @@ def response_object(
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "model": request.model,
         "previous_response_id": body.get("previous_response_id"),
+        "conversation": {"id": request.conversation} if request.conversation is not None else None,
         "instructions": body.get("instructions"),
         "output": output,
         "error": error,

@@ -41,6 +41,9 @@ async def create_response(request: Request) -> Response:
     if parsed.background and state.responses is None:
         raise invalid_request("Background responses need storage, which this server has off (--no-store).",
                               param="background")
+    if parsed.conversation is not None and state.responses is None:
+        raise invalid_request("Conversations need storage, which this server has off (--no-store).",
+                              param="conversation")
     state.require_ready()
     history, items = await resolve(parsed, state.responses)
     response_id = new_id("resp_")

@@ -94,7 +94,6 @@ INCLUDABLE = ["file_search_call.results", "web_search_call.results", "web_search
 # Fields the Responses API documents that this server cannot honour: with a value, a 400 that says why.
 UNSUPPORTED = {
     "prompt": "reusable prompt templates are not supported; send `instructions` and `input`",
-    "conversation": "conversation objects are not supported; use `previous_response_id`",
     "context_management": "server-side context management is not supported",
     "moderation": "no moderation model runs here; moderate input and output in your application",
 }
@@ -180,6 +179,7 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
     "metadata": {"type": ["object", "null"], "maxProperties": 16, "additionalProperties": _STRING},
     "store": _NULLABLE_BOOL,
     "previous_response_id": {"type": ["string", "null"]},
+    "conversation": {"anyOf": [{"type": ["string", "null"]}, _object(["id"], {"id": _STRING})]},
     "stream": _NULLABLE_BOOL,
     "stream_options": {"type": ["object", "null"], "properties": {"include_obfuscation": {"type": "boolean"}},
                        "additionalProperties": False},

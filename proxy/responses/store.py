@@ -84,6 +84,45 @@ class ResponseStore(Protocol):
         """Close; jobs still owned are given up, so other processes end them at once."""
         ...
 
+    # Conversations: a conversation object and its items, in the order they were added. A response saved with
+    # `conversation` in its resource adds its input and output items to that conversation when it ends, in the
+    # same transaction as its final save.
+
+    async def create_conversation(self, conversation: dict[str, Any], items: list[dict[str, Any]]) -> None:
+        """Save a new conversation with its first items (with ids, none repeated)."""
+        ...
+
+    async def load_conversation(self, conversation_id: str) -> dict[str, Any] | None: ...
+
+    async def update_conversation(self, conversation_id: str, metadata: dict[str, str]) -> dict[str, Any] | None:
+        """Replace the metadata; the conversation, None if there is none."""
+        ...
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        """Delete the conversation and its items (the responses that added them keep their own copies)."""
+        ...
+
+    async def add_conversation_items(self, conversation_id: str, items: list[dict[str, Any]]) -> bool:
+        """Append items; False if there is no such conversation. Raises DuplicateItem (nothing added) when an
+        item's id is already in the conversation."""
+        ...
+
+    async def conversation_items(self, conversation_id: str, after: str | None = None, limit: int | None = None,
+                                 newest_first: bool = False) -> list[dict[str, Any]] | None:
+        """Items in order (oldest first unless `newest_first`), those after the item `after` only, at most
+        `limit`; None if there is no such conversation. An `after` not in it gives no items."""
+        ...
+
+    async def conversation_item(self, conversation_id: str, item_id: str) -> dict[str, Any] | None: ...
+
+    async def delete_conversation_item(self, conversation_id: str, item_id: str) -> bool: ...
+
+
+class DuplicateItem(Exception):
+    def __init__(self, item_id: str) -> None:
+        super().__init__(item_id)
+        self.item_id = item_id
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -112,6 +151,20 @@ CREATE TABLE IF NOT EXISTS jobs (
     cancel_requested INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner);
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY,
+    created_at INTEGER NOT NULL,
+    metadata TEXT NOT NULL
+);
+-- `position` orders every conversation's items: the order they were added in.
+CREATE TABLE IF NOT EXISTS conversation_items (
+    position INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL,
+    id TEXT NOT NULL,
+    item TEXT NOT NULL,
+    UNIQUE (conversation_id, id)
+);
+CREATE INDEX IF NOT EXISTS conversation_items_in_order ON conversation_items (conversation_id, position);
 """
 
 # Literal statuses, matching the partial index's condition so that SQLite uses it.
@@ -191,6 +244,14 @@ class SQLiteResponseStore:
             )
         else:
             db.execute("DELETE FROM jobs WHERE response_id = ?", (record.id,))
+            conversation = resource.get("conversation")
+            if conversation:  # an item already there (a repeated final save) stays where it is
+                db.executemany(
+                    """INSERT OR IGNORE INTO conversation_items (conversation_id, id, item)
+                       SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM conversations WHERE id = ?)""",
+                    [(conversation["id"], item["id"], json.dumps(item), conversation["id"])
+                     for item in items if item.get("id")],
+                )
 
     async def load(self, response_id: str) -> StoredResponse | None:
         def read(db: sqlite3.Connection) -> tuple[str, str] | None:
@@ -283,6 +344,96 @@ class SQLiteResponseStore:
 
         await self._run("close", release)
         self._worker.shutdown(wait=True)
+
+    async def create_conversation(self, conversation: dict[str, Any], items: list[dict[str, Any]]) -> None:
+        def write(db: sqlite3.Connection) -> None:
+            with _transaction(db):
+                db.execute("INSERT INTO conversations VALUES (?, ?, ?)",
+                           (conversation["id"], conversation["created_at"], json.dumps(conversation["metadata"])))
+                _append(db, conversation["id"], items)
+
+        await self._run("create_conversation", write)
+
+    async def load_conversation(self, conversation_id: str) -> dict[str, Any] | None:
+        row = await self._run("load_conversation", lambda db: db.execute(
+            "SELECT id, created_at, metadata FROM conversations WHERE id = ?", (conversation_id,)).fetchone())
+        return _conversation(*row) if row else None
+
+    async def update_conversation(self, conversation_id: str, metadata: dict[str, str]) -> dict[str, Any] | None:
+        def write(db: sqlite3.Connection) -> tuple[str, int, str] | None:
+            return db.execute("UPDATE conversations SET metadata = ? WHERE id = ? RETURNING id, created_at, metadata",
+                              (json.dumps(metadata), conversation_id)).fetchone()
+
+        row = await self._run("update_conversation", write)
+        return _conversation(*row) if row else None
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        def remove(db: sqlite3.Connection) -> bool:
+            with _transaction(db):
+                db.execute("DELETE FROM conversation_items WHERE conversation_id = ?", (conversation_id,))
+                return db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0
+
+        return await self._run("delete_conversation", remove)
+
+    async def add_conversation_items(self, conversation_id: str, items: list[dict[str, Any]]) -> bool:
+        def write(db: sqlite3.Connection) -> bool:
+            with _transaction(db):
+                if not db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone():
+                    return False
+                _append(db, conversation_id, items)
+                return True
+
+        return await self._run("add_conversation_items", write)
+
+    async def conversation_items(self, conversation_id: str, after: str | None = None, limit: int | None = None,
+                                 newest_first: bool = False) -> list[dict[str, Any]] | None:
+        direction, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
+        query = f"SELECT item FROM conversation_items WHERE conversation_id = ?{{}} ORDER BY position {direction}"
+        after_clause = (f" AND position {beyond} (SELECT position FROM conversation_items"
+                        " WHERE conversation_id = ? AND id = ?)")
+
+        def read(db: sqlite3.Connection) -> list[tuple[str]] | None:
+            db.execute("BEGIN")  # one snapshot: the conversation and its items
+            try:
+                if not db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone():
+                    return None
+                if after is None:
+                    sql, values = query.format(""), [conversation_id]
+                else:
+                    sql, values = query.format(after_clause), [conversation_id, conversation_id, after]
+                if limit is not None:
+                    sql, values = sql + " LIMIT ?", [*values, limit]
+                return db.execute(sql, values).fetchall()
+            finally:
+                db.execute("COMMIT")
+
+        rows = await self._run("conversation_items", read)
+        return None if rows is None else [json.loads(row[0]) for row in rows]
+
+    async def conversation_item(self, conversation_id: str, item_id: str) -> dict[str, Any] | None:
+        row = await self._run("conversation_item", lambda db: db.execute(
+            "SELECT item FROM conversation_items WHERE conversation_id = ? AND id = ?",
+            (conversation_id, item_id)).fetchone())
+        return json.loads(row[0]) if row else None
+
+    async def delete_conversation_item(self, conversation_id: str, item_id: str) -> bool:
+        return await self._run("delete_conversation_item", lambda db: db.execute(
+            "DELETE FROM conversation_items WHERE conversation_id = ? AND id = ?",
+            (conversation_id, item_id)).rowcount > 0)
+
+
+def _append(db: sqlite3.Connection, conversation_id: str, items: list[dict[str, Any]]) -> None:
+    for item in items:
+        try:
+            db.execute("INSERT INTO conversation_items (conversation_id, id, item) VALUES (?, ?, ?)",
+                       (conversation_id, item["id"], json.dumps(item)))
+        except sqlite3.IntegrityError:  # the transaction rolls back: nothing is added
+            raise DuplicateItem(item["id"]) from None
+
+
+def _conversation(conversation_id: str, created_at: int, metadata: str) -> dict[str, Any]:
+    return {"id": conversation_id, "object": "conversation", "created_at": created_at,
+            "metadata": json.loads(metadata)}
 
 
 class _transaction:
