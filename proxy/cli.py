@@ -31,9 +31,9 @@ from proxy.app import create_app
 from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
+from proxy.engines.routing import ROUTERS
 from proxy.engines.scripted import ScriptError, read_script, scripted_engine
 from proxy.engines.trtllm_args import GUIDED_DECODING_BACKENDS, LlmArgsError, TrtllmFlags, llm_arguments
-from proxy.engines.routing import ROUTERS
 from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
 from proxy.metrics import Metrics

@@ -106,7 +106,7 @@ def test_reasoning_with_summary_and_content_comes_back_rendered_once(
     server, engine = recorded
     client = client_for(server)
     first = client.responses.create(model=MODEL, input="Hi", reasoning={"summary": "auto"}, store=False)
-    reasoning, answer = (item.model_dump(mode="json", exclude_none=True) for item in first.output)
+    reasoning, _answer = (item.model_dump(mode="json", exclude_none=True) for item in first.output)
     assert reasoning["summary"] and reasoning["content"]
     call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'}
     client.responses.create(model=MODEL, store=False, input=[

@@ -79,7 +79,7 @@ CLIENTS: dict[str, Callable[..., bool]] = {
     "openai-agents, OpenAIChatCompletionsModel": lambda server, **_: openai_agents(server),
     "LangChain ChatOpenAI, invoke": lambda server, **_: langchain(server, False),
     "LangChain ChatOpenAI, stream": lambda server, **_: langchain(server, True),
-    "LiteLLM, openai/ provider": lambda server, litellm, **_: litellm_openai(server, litellm),
+    "LiteLLM, openai/ provider": lambda server, module, **_: litellm_openai(server, module),
     "AI SDK, @ai-sdk/openai-compatible": lambda server, **_: ai_sdk(server, "openai-compatible"),
     "AI SDK, @ai-sdk/openai chat": lambda server, **_: ai_sdk(server, "openai-chat"),
 }
@@ -102,12 +102,12 @@ TABLE: dict[str, tuple[Outcome, Outcome, Outcome]] = {
 @pytest.mark.parametrize("field", FIELDS)
 @pytest.mark.parametrize("client", list(CLIENTS))
 def test_reasoning_field_per_client(
-    serve: Callable[..., LiveServer], vocab: Any, litellm: ModuleType, node_modules: Path,  # noqa: F811
+    serve: Callable[..., LiveServer], vocab: Any, litellm: ModuleType, node_modules: Path,  # noqa: F811 (fixtures)
     client: str, field: str,
 ) -> None:
     engine = Recording(scripted_engine(vocab, [CALL, ANSWER]))
     server = serve(engine=engine, reasoning_field=field)
-    shown = CLIENTS[client](server, litellm=litellm)
+    shown = CLIENTS[client](server, module=litellm)
     assert len(engine.requests) == 2
     sent_back = FIRST_REASONING in vocab.decode(engine.requests[1].prompt_token_ids)
     assert (shown, sent_back) == TABLE[client][FIELDS.index(field)]

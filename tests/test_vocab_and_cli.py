@@ -143,15 +143,15 @@ def test_a_port_in_use_stops_the_server_before_the_engine_starts(tmp_path: Path)
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--port", str(port)],
-                                env=clean_env(tmp_path), capture_output=True, text=True, timeout=60)
+                                check=False, env=clean_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "Address already in use" in result.stderr
     assert "engine is ready" not in result.stderr and "Traceback" not in result.stderr
 
 
 def test_serve_help_says_what_the_api_key_covers() -> None:
-    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--help"], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--help"], check=True, capture_output=True,
+                            text=True, timeout=60)
     text = " ".join(result.stdout.split())
     assert "on every route but /health and the playground page" in text and "/v1 routes" not in text
 
