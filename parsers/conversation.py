@@ -46,6 +46,11 @@ class ToolCall:
     call_id: str
     name: str
     arguments: str
+    namespace: str | None = None  # a namespace tool's (the client's own, besides `functions`)
+
+    @property
+    def recipient(self) -> str:
+        return f"{self.namespace or 'functions'}.{self.name}"
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,11 @@ class ToolResult:
     call_id: str
     name: str
     output: str
+    namespace: str | None = None
+
+    @property
+    def recipient(self) -> str:
+        return f"{self.namespace or 'functions'}.{self.name}"
 
 
 @dataclass(frozen=True)
@@ -104,3 +114,5 @@ class Prompt:
     builtin_tools: tuple[str, ...] = ()  # gpt-oss's built-in tools (browser, python), declared in the system message
     # Tool namespaces beside `functions` in the developer message (MCP servers): name -> its `## name` section text.
     namespaces: dict[str, str] = field(default_factory=dict)
+    # The client's namespace tools: name -> description; their members are in `tools`, with their namespace.
+    tool_namespaces: dict[str, str] = field(default_factory=dict)

@@ -18,29 +18,34 @@ class ItemKind(enum.Enum):
     REASONING = "reasoning"  # analysis channel
     FINAL = "final"  # the answer
     PREAMBLE = "preamble"  # commentary with no recipient: user-visible text before tool calls
-    TOOL_CALL = "tool_call"  # addressed to functions.NAME; the text is the arguments
+    TOOL_CALL = "tool_call"  # addressed to functions.NAME or a client namespace's NS.NAME; the text is the arguments
     SERVER_CALL = "server_call"  # addressed to a server-side tool (name: the whole recipient); the text is its input
 
 
 class ItemStarted:
-    __slots__ = ("channel", "index", "kind", "name")
+    __slots__ = ("channel", "index", "kind", "name", "namespace")
 
-    def __init__(self, index: int, kind: ItemKind, name: str | None = None, channel: str | None = None) -> None:
+    def __init__(self, index: int, kind: ItemKind, name: str | None = None, channel: str | None = None,
+                 namespace: str | None = None) -> None:
         self.index = index
         self.kind = kind
         self.name = name  # the function name, for tool calls; the recipient, for server calls
         self.channel = channel  # the channel of a server call (its result is written back on it); else None
+        self.namespace = namespace  # a tool call's namespace, when it is not `functions` (the client's namespace tools)
 
     def __repr__(self) -> str:
         channel = f", {self.channel!r}" if self.channel is not None else ""
-        return f"ItemStarted({self.index}, {self.kind.name}, {self.name!r}{channel})"
+        namespace = f", namespace={self.namespace!r}" if self.namespace is not None else ""
+        return f"ItemStarted({self.index}, {self.kind.name}, {self.name!r}{channel}{namespace})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ItemStarted) and (self.index, self.kind, self.name, self.channel) == (
+        return isinstance(other, ItemStarted) and (self.index, self.kind, self.name, self.channel,
+                                                   self.namespace) == (
             other.index,
             other.kind,
             other.name,
             other.channel,
+            other.namespace,
         )
 
 

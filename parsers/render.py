@@ -60,6 +60,7 @@ from parsers.conversation import (
     UserMessage,
 )
 from parsers.vocab import Vocab
+from tools import typescript
 from tools.cache import BoundedCache, CacheStats, ToolCatalog, ToolDeclarations
 from tools.definitions import FunctionTool
 
@@ -138,7 +139,7 @@ class Renderer:
     def _lookup(self, prompt: Prompt) -> list[tuple[int, ...] | _Part]:
         """The prompt as token pieces: known ones as tokens, the others as parts still to render."""
         leading, rest = _split_leading_instructions(prompt.items)
-        has_tools = bool(prompt.tools or prompt.namespaces)
+        has_tools = bool(prompt.tools or prompt.namespaces or prompt.tool_namespaces)
         plan: list[tuple[int, ...] | _Part] = [
             self.system_message(prompt.reasoning_effort, has_tools, prompt.builtin_tools)]
         plan += self._developer(leading, prompt)
@@ -181,7 +182,7 @@ class Renderer:
         docs/format.md, "Structured output": "at the end of the developer message")."""
         instructions = "\n\n".join(item.text for item in leading if item.text)
         response_format = prompt.response_format
-        has_tools = bool(prompt.tools or prompt.namespaces)
+        has_tools = bool(prompt.tools or prompt.namespaces or prompt.tool_namespaces)
         if not instructions and not has_tools and response_format is None:
             return []
         pieces: list[tuple[int, ...] | _Part] = [self._developer_header]
@@ -192,9 +193,10 @@ class Renderer:
         if has_tools:
             keys = tuple(tool.key for tool in prompt.tools)
             namespaces = tuple(sorted(prompt.namespaces.items()))
-            size = 2 * sum(map(len, keys)) + sum(len(text) for _, text in namespaces)
-            pieces.append(self._cached(("tools", keys, namespaces), size,
-                                       partial(self._tools_section, prompt.tools, prompt.namespaces)))
+            described = tuple(sorted(prompt.tool_namespaces.items()))
+            size = 2 * sum(map(len, keys)) + sum(len(text) for _, text in namespaces + described)
+            pieces.append(self._cached(("tools", keys, namespaces, described), size, partial(
+                self._tools_section, prompt.tools, prompt.namespaces, prompt.tool_namespaces)))
         if response_format is not None:
             text = ("\n\n" if has_tools else "") + _response_format_section(response_format)
             pieces.append(self._cached(("response format", text), len(text), partial(self._encode, text)))
@@ -205,14 +207,20 @@ class Renderer:
         tokens = self._pieces.get(key)
         return tokens if tokens is not None else _Part(key, size, make)
 
-    def _tools_section(self, tools: Sequence[FunctionTool], namespaces: Mapping[str, str]) -> list[int]:
+    def _tools_section(self, tools: Sequence[FunctionTool], namespaces: Mapping[str, str],
+                       tool_namespaces: Mapping[str, str]) -> list[int]:
         """`# Tools ... } // namespace functions` (tools/typescript.py; tool text was checked for long runs), and
-        beside `functions` the other namespaces, all in name order as openai-harmony writes them."""
-        if not namespaces:
-            return self._encode(self._declarations.section(tools))
+        beside `functions` the other namespaces (the client's namespace tools, MCP servers'), all in name order as
+        openai-harmony writes them."""
+        functions = [tool for tool in tools if tool.namespace is None]
+        if not namespaces and not tool_namespaces:
+            return self._encode(self._declarations.section(functions))
         sections = dict(namespaces)
-        if tools:
-            sections["functions"] = self._declarations.section(tools).removeprefix("# Tools\n\n")
+        if functions:
+            sections["functions"] = self._declarations.section(functions).removeprefix("# Tools\n\n")
+        for name, description in tool_namespaces.items():
+            members = [self._declarations.declaration(tool) for tool in tools if tool.namespace == name]
+            sections[name] = typescript.namespace_section(name, description, members)
         return self._encode("# Tools\n\n" + "\n\n".join(sections[name] for name in sorted(sections)))
 
     def _item(self, item: Item) -> list[int]:
@@ -227,7 +235,7 @@ class Renderer:
         if isinstance(item, ToolCall):
             return self._tool_call(item)
         if isinstance(item, ToolResult):
-            return self._text_message(f"functions.{item.name} to=assistant", "commentary", item.output)
+            return self._text_message(f"{item.recipient} to=assistant", "commentary", item.output)
         if isinstance(item, ServerToolCall):
             return self._server_call(item)
         if isinstance(item, ServerToolResult):
@@ -246,7 +254,7 @@ class Renderer:
         return [
             *self._open_assistant,
             self._channel,
-            *encode(f"commentary to=functions.{call.name} "),
+            *encode(f"commentary to={call.recipient} "),
             *self._call_header_end,
             *self._encode(call.arguments),
             self._call,

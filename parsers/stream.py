@@ -51,10 +51,12 @@ class OutputParser:
     """Parses one assistant turn, from the token after the prompt's final `<|start|>assistant`."""
 
     def __init__(self, vocab: Vocab, namespaces: frozenset[str] = frozenset(),
-                 keep_reasoning_tokens: bool = False) -> None:
+                 keep_reasoning_tokens: bool = False, tool_namespaces: frozenset[str] = frozenset()) -> None:
         """`namespaces`: recipients (`weather`, `browser`, `python`) whose messages are server calls;
-        `keep_reasoning_tokens`: each reasoning item's `ItemDone` carries its body's token ids."""
+        `keep_reasoning_tokens`: each reasoning item's `ItemDone` carries its body's token ids;
+        `tool_namespaces`: the client's namespaces besides `functions`, whose messages are tool calls."""
         self._namespaces = namespaces
+        self._tool_namespaces = tool_namespaces
         self._kept: list[int] | None = [] if keep_reasoning_tokens else None  # every token fed, when kept
         self._fed = 0  # tokens fed before this call
         self._at = 0  # position, among the tokens fed, of the special token being handled
@@ -215,12 +217,12 @@ class OutputParser:
 
     def _begin_body(self, events: list[Event]) -> None:
         header = parse_header([(marker, bytes(text).decode("utf-8", "replace")) for marker, text in self._segments])
-        target = _classify(header, self._namespaces)
+        target = _classify(header, self._namespaces, self._tool_namespaces)
         if target is None:
             self._mode = _Mode.SKIP_BODY
         else:
             channel = header.channel if target[0] is ItemKind.SERVER_CALL and header is not None else None
-            self._open(target[0], target[1], events, channel)
+            self._open(target[0], target[1], events, channel, target[2])
 
     def _open_unmarked(self, events: list[Event]) -> bool:
         """Open the item of a message whose `<|message|>` never came, with the text its header holds so far."""
@@ -231,11 +233,11 @@ class OutputParser:
         header, start = split
         body_start = len(segments[-1][1][:start].encode("utf-8", "surrogateescape"))
         body = bytes(self._segments[-1][1][body_start:])
-        target = _classify(header, self._namespaces)
+        target = _classify(header, self._namespaces, self._tool_namespaces)
         if target is None or not _is_message(body, target[0]):
             return False
         channel = header.channel if target[0] is ItemKind.SERVER_CALL else None
-        self._open(target[0], target[1], events, channel)
+        self._open(target[0], target[1], events, channel, target[2])
         self._item_tokens = sum(1 for end in self._segment_ends if end > body_start)
         text = self._decoder.decode(body)
         self._pending = bool(self._decoder.getstate()[0])
@@ -245,14 +247,15 @@ class OutputParser:
 
     # -- items ---------------------------------------------------------------------------------------
 
-    def _open(self, kind: ItemKind, name: str | None, events: list[Event], channel: str | None = None) -> None:
+    def _open(self, kind: ItemKind, name: str | None, events: list[Event], channel: str | None = None,
+              namespace: str | None = None) -> None:
         self._item, self._kind, self._item_tokens = self._next_index, kind, 0
         self._body_start = self._at + 1  # after <|message|> (reasoning always has one)
         self._next_index += 1
         self._decoder.reset()
         self._pending = False
         self._mode = _Mode.BODY
-        events.append(ItemStarted(self._item, kind, name, channel))
+        events.append(ItemStarted(self._item, kind, name, channel, namespace))
 
     def _flush(self, run: list[str], events: list[Event]) -> None:
         self._item_tokens += len(run)
@@ -295,17 +298,22 @@ def _is_message(body: bytes, kind: ItemKind) -> bool:
     return any(character.isalnum() for character in body.decode("utf-8", "replace"))
 
 
-def _classify(header: Header | None, namespaces: frozenset[str]) -> tuple[ItemKind, str | None] | None:
-    """What a message becomes: (kind, function name or server call recipient), or None to skip it."""
+def _classify(header: Header | None, namespaces: frozenset[str],
+              tool_namespaces: frozenset[str]) -> tuple[ItemKind, str | None, str | None] | None:
+    """What a message becomes: (kind, function name or server call recipient, a tool call's namespace other than
+    `functions`), or None to skip it."""
     if header is None:
         return None
     recipient = header.recipient
     if recipient is None:
-        return _CHANNEL_KINDS.get(header.channel or "final", ItemKind.FINAL), None
+        return _CHANNEL_KINDS.get(header.channel or "final", ItemKind.FINAL), None, None
     if recipient.startswith(_FUNCTIONS) and len(recipient) > len(_FUNCTIONS):
-        return ItemKind.TOOL_CALL, recipient[len(_FUNCTIONS) :]
-    if namespaces and recipient.partition(".")[0] in namespaces:
-        return ItemKind.SERVER_CALL, recipient
+        return ItemKind.TOOL_CALL, recipient[len(_FUNCTIONS) :], None
+    namespace, _, member = recipient.partition(".")
+    if tool_namespaces and member and namespace in tool_namespaces:
+        return ItemKind.TOOL_CALL, member, namespace
+    if namespaces and namespace in namespaces:
+        return ItemKind.SERVER_CALL, recipient, None
     # Built-in tools (browser.*, python, container.*) and other namespaces were not offered by this server:
     # their payload must neither leak nor become a call to a user function of the same short name.
     return None

@@ -115,7 +115,7 @@ async def parsed_events(
     `namespaces`: server tools whose calls the parser reports; `generated`, when given, receives the token ids
     (the server-side tool loop continues the prompt with them); `keep_reasoning_tokens`: reasoning items end with
     their token ids (to seal them)."""
-    parser = OutputParser(vocab, namespaces, keep_reasoning_tokens)
+    parser = OutputParser(vocab, namespaces, keep_reasoning_tokens, request.constraint.tool_namespaces)
     record = current_record.get()
     try:
         async with contextlib.aclosing(tracked_steps(engine, request, outcome)) as steps:

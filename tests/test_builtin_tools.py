@@ -5,7 +5,6 @@ events (checked against the openai SDK's types), the Harmony the model sees, and
 from __future__ import annotations
 
 import logging
-
 from collections.abc import Callable
 from typing import Any
 

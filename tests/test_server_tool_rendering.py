@@ -29,12 +29,12 @@ from proxy.server_tools.rendering import (
     functions_section,
     harmony_schema,
     label_error,
-    namespace_section,
     result_tokens,
     tools_section,
 )
 from tools import typescript
 from tools.definitions import ToolError
+from tools.typescript import namespace_section
 
 # What MCP servers list: FastMCP's schemas carry a title per property and for the whole, and `default: null`.
 FORECAST = McpTool("get_forecast", "Get the weather forecast for a city.\nDays default to one.", {

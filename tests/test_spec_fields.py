@@ -43,8 +43,11 @@ from openai.types.responses import (
     ResponseReasoningItemParam,
     ResponseTextConfigParam,
     ToolParam,
+    namespace_tool_param,
+    response_input_item_param,
 )
 from openai.types.responses import response_create_params as responses_params
+from openai.types.responses.namespace_tool_param import NamespaceToolParam
 from openai.types.responses.response_input_item_param import FunctionCallOutput
 from openai.types.shared_params import FunctionDefinition, Reasoning
 from openai.types.shared_params.response_format_json_schema import JSONSchema
@@ -73,6 +76,8 @@ OUTPUT_TEXT = {"type": "output_text", "text": "Hello.", "annotations": []}
 OUTPUT_MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed", "content": [OUTPUT_TEXT]}
 PREVIOUS = "<the id of a stored response>"  # replaced when sent
 CONVERSATION = "<the id of a new conversation>"  # replaced when sent
+NAMESPACE = {"type": "namespace", "name": "crm", "description": "The CRM.", "tools": []}
+ADDITIONAL = {"type": "additional_tools", "role": "developer", "tools": [TOOL]}
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,21 @@ SURFACES = [
          "output_schema": {"type": "object", "properties": {"degrees": {"type": "number"}}}},
     ),
     Surface(
+        "namespace tool", NamespaceToolParam, RESPONSES, NAMESPACE, lambda tool: {"input": "Hi", "tools": [tool]},
+        {**NAMESPACE, "tools": [TOOL]},
+    ),
+    Surface(
+        "namespace member function", namespace_tool_param.ToolFunction, RESPONSES, TOOL,
+        lambda tool: {"input": "Hi", "tools": [{**NAMESPACE, "tools": [tool]}]},
+        {"type": "function", "name": "get_weather", "parameters": SCHEMA, "strict": True,
+         "description": "Weather now.", "allowed_callers": ["direct"], "async": False, "defer_loading": True,
+         "output_schema": {"type": "object", "properties": {"degrees": {"type": "number"}}}},
+    ),
+    Surface(
+        "additional_tools item", response_input_item_param.AdditionalTools, RESPONSES, ADDITIONAL,
+        lambda item: {"input": [QUESTION, item]}, {**ADDITIONAL, "id": "at_1"},
+    ),
+    Surface(
         "input message", EasyInputMessageParam, RESPONSES, QUESTION, lambda message: {"input": [message]},
         {"role": "user", "content": [{"type": "input_text", "text": "Hi"}], "phase": "final_answer",
          "type": "message"},
@@ -235,14 +255,12 @@ SURFACES = [
         lambda call: {"input": [QUESTION, call, FUNCTION_OUTPUT]},
         {**FUNCTION_CALL, "id": "fc_1", "caller": {"type": "direct"}, "status": "completed", "async": False,
          "namespace": "crm"},
-        refused={"namespace": "no namespaced tools: calls are to functions"},
     ),
     Surface(
         "function call output item", FunctionCallOutput, RESPONSES, FUNCTION_OUTPUT,
         lambda output: {"input": [QUESTION, FUNCTION_CALL, output]},
         {**FUNCTION_OUTPUT, "output": [{"type": "input_text", "text": "sunny"}], "id": "fco_1",
          "caller": {"type": "direct"}, "name": "get_weather", "status": "completed", "namespace": "crm"},
-        refused={"namespace": "no namespaced tools: outputs belong to functions"},
         null_refused={"call_id": "an output must name the call it answers"},
     ),
     Surface(
@@ -403,11 +421,11 @@ class Kinds:
 
 KINDS = [
     Kinds("responses tools", ToolParam, RESPONSES,
-          frozenset({"function", "mcp", "web_search", "web_search_2025_08_26", "web_search_preview",
+          frozenset({"function", "namespace", "mcp", "web_search", "web_search_2025_08_26", "web_search_preview",
                      "web_search_preview_2025_03_11", "code_interpreter"}),
           lambda kind: {"input": "Hi", "tools": [{"type": kind}]}, "tools[0].type"),
     Kinds("responses input items", ResponseInputItemParam, RESPONSES,
-          frozenset({"message", "reasoning", "function_call", "function_call_output", "item_reference",
+          frozenset({"message", "reasoning", "function_call", "function_call_output", "item_reference", "additional_tools",
                      "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response", "web_search_call",
                      "code_interpreter_call"}),
           lambda kind: {"input": [QUESTION, {"type": kind}]}, "input[1].type"),

@@ -76,7 +76,8 @@ class BoundedCache(Generic[K, V]):
             return CacheStats(self._hits, self._misses, len(self._entries), self._weight)
 
 
-Declaration = tuple[Any, Any, Any, Any]  # name, description, parameters, strict: as the request sent them
+# name, description, parameters, strict: as the request sent them; then optionally the namespace (checked)
+Declaration = tuple[Any, ...]
 
 
 class ToolCatalog:
@@ -117,7 +118,8 @@ class ToolCatalog:
         for position, (declaration, key) in enumerate(zip(declarations, keys)):
             tool = self._checked.get(key)
             if tool is None:
-                tool = make_tool(*declaration, where(position))  # only successes are kept: errors name a position
+                # only successes are kept: errors name a position
+                tool = make_tool(*declaration[:4], where(position), *declaration[4:])
                 self._checked.put(key, tool, len(key))
             tools.append(tool)
         return tools

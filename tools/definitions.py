@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -15,6 +15,12 @@ from tools.schema_check import enforcement, schema_error, unresolved_ref
 # OpenAI allows letters, digits, '_' and '-'; gpt-oss tool names with dots round-trip too (vLLM #51977).
 # Whitespace cannot: the name is written into the Harmony recipient `to=functions.NAME`.
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+# A namespace is the first part of a recipient `to=NS.NAME`: no dots.
+_NAMESPACE = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+# Namespaces the model already knows, or words that are Harmony roles: a client's or MCP server's namespace must not be
+# named so (`functions` holds the tools declared outside any namespace).
+RESERVED_NAMESPACES = frozenset({"functions", "browser", "python", "container", "multi_tool_use", "assistant",
+                                 "user", "system", "developer", "tool", "all"})
 # Declarations of bounded depth: the renderer and the grammar compiler recurse over the schema.
 MAX_SCHEMA_DEPTH = 48
 
@@ -34,16 +40,32 @@ class FunctionTool:
     description: str = ""
     parameters: dict[str, Any] | None = None  # a JSON Schema; None when the function takes no arguments
     strict: bool | None = None
+    namespace: str | None = None  # a client's namespace tool it belongs to; None: the `functions` namespace
 
     @cached_property
     def key(self) -> str:
         """The declaration as canonical JSON: what caches of per-tool work are keyed by."""
-        return declaration_key(self.name, self.description, self.parameters, self.strict)
+        return declaration_key(self.name, self.description, self.parameters, self.strict, self.namespace)
+
+    @property
+    def recipient(self) -> str:
+        """How the model addresses it: `functions.NAME`, or `NS.NAME` in a namespace."""
+        return f"{self.namespace or 'functions'}.{self.name}"
 
 
-def declaration_key(name: Any, description: Any, parameters: Any, strict: Any) -> str:
+def declaration_key(name: Any, description: Any, parameters: Any, strict: Any, namespace: Any = None) -> str:
     """Equal for declarations that make equal tools; key order kept (the rendered declaration follows it)."""
-    return json.dumps([name, description or "", parameters, strict], ensure_ascii=False, separators=(",", ":"))
+    fields = [name, description or "", parameters, strict] + ([namespace] if namespace is not None else [])
+    return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
+
+
+def namespace_error(name: Any) -> str | None:
+    """Why `name` cannot name a tool namespace (a client's or an MCP server's), or None when it can."""
+    if not isinstance(name, str) or not _NAMESPACE.fullmatch(name):
+        return f"Invalid namespace name {name!r}: use 1 to 64 letters, digits, '_' or '-'."
+    if name.lower() in RESERVED_NAMESPACES:
+        return f"The namespace name {name!r} is reserved: it names a Harmony role or one of gpt-oss's own namespaces."
+    return None
 
 
 @dataclass(frozen=True)
@@ -58,8 +80,10 @@ class ToolChoice:
         return self.mode in ("required", "function")
 
 
-def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: str) -> FunctionTool:
-    """Check one function declaration; `param` is its path in the request, for error messages."""
+def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: str,
+              namespace: str | None = None) -> FunctionTool:
+    """Check one function declaration; `param` is its path in the request, for error messages; `namespace` (checked
+    by the caller, `namespace_error`) the client's namespace tool it belongs to."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ToolError(
             f"Invalid function name {name!r}: use 1 to 128 letters, digits, '_', '-' or '.'", f"{param}.name"
@@ -87,7 +111,7 @@ def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: 
         problem = enforceability_error(parameters, strict is True)
         if problem is not None:
             raise ToolError(f"Invalid schema for function {name!r}: {problem}", f"{param}.parameters")
-    return FunctionTool(name, description or "", parameters, strict)
+    return FunctionTool(name, description or "", parameters, strict, namespace)
 
 
 def enforceability_error(schema: dict[str, Any], strict: bool) -> str | None:
@@ -118,12 +142,15 @@ def json_depth(value: Any) -> int:
     return depth
 
 
-def check_unique(tools: Sequence[FunctionTool], param: str) -> None:
+def check_unique(tools: Sequence[FunctionTool], param: str | Callable[[int], str]) -> None:
+    """No two tools of one name in one namespace; `param`: the tools' path, or each tool's by position."""
     seen: set[str] = set()
     for position, tool in enumerate(tools):
-        if tool.name in seen:
-            raise ToolError(f"Function {tool.name!r} is declared twice.", f"{param}[{position}].name")
-        seen.add(tool.name)
+        if tool.recipient in seen:
+            where = f" in namespace {tool.namespace!r}" if tool.namespace else ""
+            path = param(position) if callable(param) else f"{param}[{position}]"
+            raise ToolError(f"Function {tool.name!r} is declared twice{where}.", f"{path}.name")
+        seen.add(tool.recipient)
 
 
 def check_choice(choice: ToolChoice, tools: Sequence[FunctionTool], param: str) -> None:

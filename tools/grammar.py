@@ -53,6 +53,7 @@ class OutputGrammar:
 @dataclass(frozen=True)
 class _Call:
     name: str
+    recipient: str  # `functions.NAME`, or `NS.NAME` for a member of the client's namespace tool
     schema: dict[str, Any]
     strict: bool  # unsupported keywords are errors, not ignored
 
@@ -112,7 +113,7 @@ def _plan(tools: Sequence[FunctionTool], choice: ToolChoice, response_format: Re
     if not forced and response_format is None and not strict:
         return None
     calls = tuple(
-        _Call(tool.name, arguments_schema(tool, forced or bool(tool.strict)), bool(tool.strict))
+        _Call(tool.name, tool.recipient, arguments_schema(tool, forced or bool(tool.strict)), bool(tool.strict))
         for tool in callable_tools
     )
     if forced:
@@ -176,7 +177,7 @@ def _lark(plan: _Plan) -> str:
             "LEAD_SPACE: /[ \\t\\n]{1,4}/",
         ]
         for index, call in enumerate(plan.calls):
-            recipient = _literal(f" to=functions.{call.name}")
+            recipient = _literal(f" to={call.recipient}")
             header = f"(<|channel|> CHANNEL {recipient} | {recipient} <|channel|> CHANNEL) content_type?"
             lines += [
                 f"call_{index}: {header} <|message|> LEAD_SPACE? args_{index} <|call|>?",
@@ -218,7 +219,7 @@ def _structural_tag(plan: _Plan) -> dict[str, Any]:
 
 
 def _call_format(call: _Call) -> dict[str, Any]:
-    recipient = f" to=functions.{call.name}"
+    recipient = f" to={call.recipient}"
     headers = [
         _const(head + content_type + "<|message|>")
         for channel in _CHANNELS

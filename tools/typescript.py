@@ -43,6 +43,16 @@ def tools_section(declarations: Sequence[str]) -> str:
     return "# Tools\n\n## functions\n\nnamespace functions {\n\n" + "\n".join(declarations) + "\n} // namespace functions"
 
 
+def namespace_section(name: str, description: str | None, declarations: Sequence[str]) -> str:
+    """`## {name}`, the description as `//` lines, then the namespace holding the declarations (each from
+    `declaration`), as openai-harmony writes a `ToolNamespaceConfig` (src/encoding.rs, `template_tools_section`)."""
+    lines = rust_lines(description) if description else []
+    if not declarations:  # the library writes a namespace without tools as its description alone
+        return "\n".join([f"## {name}\n", *lines])
+    head = "".join(f"// {line}\n" for line in lines)
+    return f"## {name}\n\n{head}namespace {name} {{\n\n" + "\n".join(declarations) + f"\n}} // namespace {name}"
+
+
 def declaration(name: str, description: str, parameters: Any) -> str:
     """One function: its description as `//` lines, then `type NAME = (_: ARGS) => any;` and a line break."""
     comments = "".join(f"// {line}\n" for line in rust_lines(description))

@@ -63,6 +63,11 @@ class OutputConstraint:
     parallel_tool_calls: bool = True
 
     @cached_property
+    def tool_namespaces(self) -> frozenset[str]:
+        """The client's namespaces the model may call besides `functions`."""
+        return frozenset(tool.namespace for tool in self.tools if tool.namespace is not None)
+
+    @cached_property
     def grammar(self) -> OutputGrammar | None:
         """The grammar of the whole completion, or None when nothing is constrained (built once per request)."""
         return output_grammar(self.tools, self.tool_choice, self.response_format, self.parallel_tool_calls)

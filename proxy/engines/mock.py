@@ -127,8 +127,10 @@ class MockModel:
             f"{_count(len(constraint.tools), 'tool')}; reasoning effort {effort.group(1) if effort else 'unknown'}."
         )
         answer_format = constraint.response_format
-        if last_author.startswith("functions.") and not constraint.tool_choice.forces_call:
-            name = last_author.split(" ")[0][len("functions.") :]
+        namespaces = {"functions", *constraint.tool_namespaces}
+        if last_author.partition(".")[0] in namespaces and " to=assistant" in last_author \
+                and not constraint.tool_choice.forces_call:
+            name = last_author.split(" ")[0].removeprefix("functions.")
             summary = f"[mock] The tool {name} returned: {_clip(last_body)}"
             return self._analysis(f"{about} The last message is the result of {name}; summarize it.") + self._final(
                 summary, answer_format
@@ -138,7 +140,7 @@ class MockModel:
             harmony = self._vocab.encode_harmony
             return (
                 self._analysis(f"{about} Calling {tool.name}.")
-                + harmony(f"<|start|>assistant<|channel|>commentary to=functions.{tool.name} <|constrain|>json<|message|>")
+                + harmony(f"<|start|>assistant<|channel|>commentary to={tool.recipient} <|constrain|>json<|message|>")
                 + self._vocab.encode(arguments)
                 + harmony("<|call|>")
             )

@@ -25,11 +25,12 @@ from proxy.server_tools.builtin import BROWSER, BuiltinTool, ToolServers
 from proxy.server_tools.connect import McpServerError
 from proxy.server_tools.headers import ServerHeaders
 from proxy.server_tools.listing import McpTool
-from proxy.server_tools.rendering import function_tool, namespace_section
+from proxy.server_tools.rendering import function_tool
 from proxy.server_tools.sessions import McpSessions
 from proxy.server_tools.tool_cache import ToolListCache
 from tools import typescript
 from tools.definitions import ToolError
+from tools.typescript import namespace_section
 
 logger = logging.getLogger("harmony_proxy")
 

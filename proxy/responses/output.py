@@ -122,6 +122,8 @@ class ResponseOutput:
             self.tool_calls += 1
             body = {"id": self._new_id("fc_"), "type": "function_call", "status": "in_progress",
                     "call_id": self._new_id("call_"), "name": event.name or "", "arguments": ""}
+            if event.namespace is not None:  # a member of the client's namespace tool: Codex routes by both
+                body["namespace"] = event.namespace
         elif kind is ItemKind.REASONING:
             body = {"id": self._new_id("rs_"), "type": "reasoning", "status": "in_progress", "summary": [],
                     "content": []}

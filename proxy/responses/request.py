@@ -29,6 +29,7 @@ from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
 from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
+from proxy.responses.client_tools import CLIENT_TOOL_TYPES, read_client_tools
 from proxy.responses.hosted_request import HostedRequest, split_server_tools
 from proxy.responses.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.sealing import Sealer
@@ -36,12 +37,12 @@ from proxy.responses.server_items import ID_PREFIXES, ServerItems
 from proxy.responses.store import ResponseStore
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
 from tools.cache import ToolCatalog
-from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice, check_unique, make_tool
+from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice, make_tool, namespace_error
 
 _REQUEST = compile_schema(RESPONSES_REQUEST)
 _ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
 _ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_",
-              **ID_PREFIXES}
+              "additional_tools": "at_", **ID_PREFIXES}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 # What the model reads in place of an image a tool returned.
 IMAGE_NOTE = "[The tool returned an image here. This model reads text only, so the image is not shown.]"
@@ -54,7 +55,9 @@ class ResponsesRequest:
     body: dict[str, Any]  # as sent, checked; echoed in the response object
     model: str
     input_items: list[dict[str, Any]]  # normalized; item references still to resolve
-    tools: list[FunctionTool]
+    tools: list[FunctionTool]  # the client's: functions, and the members of its namespace tools
+    tool_namespaces: dict[str, str]  # the client's namespace tools: name -> description
+    tool_echo: list[dict[str, Any]]  # the client's `tools` as the response lists them
     tool_choice: ToolChoice
     effort: str
     response_format: ResponseFormat | None
@@ -93,7 +96,7 @@ def parse_responses_request(
     catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
     body, hosted = split_server_tools(body)  # from here on `body` holds the function tools only
-    check_tool_types(body.get("tools"), catalog, refused=REFUSED_TOOLS)
+    check_tool_types(body.get("tools"), catalog, CLIENT_TOOL_TYPES, REFUSED_TOOLS)
     refuse_tool_choice_types(body.get("tool_choice"))
     check(body, _REQUEST)
     _refuse_unhonoured(body)
@@ -112,12 +115,14 @@ def parse_responses_request(
     if conversation is not None and not store:
         raise invalid_request("A response in a `conversation` is stored in it: leave `store` true.", param="store")
     items = normalize_items(_input_list(body.get("input")), "input")
+    client = read_client_tools(body.get("tools") or [], items, catalog)
+    for server in hosted.mcp:
+        if server.label in client.namespaces:
+            raise invalid_request(f"server_label {server.label!r} is also the name of a namespace tool; names must be "
+                                  "unique.", param=f"{server.param}.server_label")
     try:
-        declared = catalog.read([(t["name"], t.get("description"), t.get("parameters"), t.get("strict"))
-                                 for t in body.get("tools") or []], lambda position: f"tools[{position}]")
-        check_unique(declared, "tools")
         choice = _tool_choice(body.get("tool_choice"))
-        check_choice(choice, declared, "tool_choice")
+        check_choice(choice, client.tools, "tool_choice")
     except ToolError as exc:
         raise invalid_request(str(exc), param=exc.param, code=exc.code) from None
     reasoning = body.get("reasoning") or {}
@@ -129,7 +134,9 @@ def parse_responses_request(
         body=body,
         model=body.get("model") or default_model,
         input_items=items,
-        tools=declared,
+        tools=client.tools,
+        tool_namespaces=client.namespaces,
+        tool_echo=client.echo,
         tool_choice=choice,
         effort=reasoning_effort(default_effort, ("reasoning.effort", reasoning.get("effort"))),
         response_format=_format(text_format["type"], text_format, "text.format"),
@@ -215,7 +222,10 @@ def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: 
     if not any(not isinstance(item, Instructions) for item in conversation):
         raise invalid_request("The conversation is empty: send `input`.", param="input")
     offered = [] if request.tool_choice.mode == "none" else request.tools
-    return Prompt(conversation, offered, request.effort, request.response_format)
+    prompt = Prompt(conversation, offered, request.effort, request.response_format)
+    if request.tool_choice.mode != "none":
+        prompt.tool_namespaces = request.tool_namespaces
+    return prompt
 
 
 def _refuse_unhonoured(body: dict[str, Any]) -> None:
@@ -233,14 +243,6 @@ def _refuse_unhonoured(body: dict[str, Any]) -> None:
         ("reasoning.mode", mode not in (None, "standard"),
          f"`reasoning.mode` {mode!r} is not supported: gpt-oss has one mode, 'standard'; set `reasoning.effort`."),
     ]
-    for position, tool in enumerate(body.get("tools") or []):
-        callers = tool.get("allowed_callers")
-        refused += [
-            (f"tools[{position}].allowed_callers", callers is not None and "direct" not in callers,
-             "Programmatic tool calling is not offered: the model calls functions directly; allow 'direct'."),
-            (f"tools[{position}].async", tool.get("async") is True,
-             "Asynchronous function calls are not supported: a call ends the model's turn until its output is sent."),
-        ]
     for param, is_refused, message in refused:
         if is_refused:
             raise invalid_request(message, param=param, code="unsupported_parameter")
@@ -262,9 +264,6 @@ def _normalize(item: Any, where: str) -> dict[str, Any]:
         reason = REFUSED_ITEMS.get(kind) if isinstance(kind, str) else None
         raise invalid_request(f"Input item type {kind!r} is not supported" + (f": {reason}." if reason else "."),
                               param=f"{where}.type", code="invalid_value")
-    if kind in ("function_call", "function_call_output") and item.get("namespace") is not None:
-        raise invalid_request("Namespaced tools are not supported: calls and their outputs belong to functions.",
-                              param=f"{where}.namespace", code="unsupported_parameter")
     check({**item, "type": kind}, _ITEM[kind], where)
     item = {**item, "type": kind}
     if kind == "item_reference":
@@ -284,7 +283,7 @@ def _normalize(item: Any, where: str) -> dict[str, Any]:
 
 def _conversation(items: list[dict[str, Any]], first_input: int, sealer: Sealer) -> list[Item]:
     conversation: list[Item] = []
-    call_names: dict[str, str] = {}
+    calls: dict[str, ToolCall] = {}
     server_items = ServerItems(items)
     # Reasoning before the last user message is not rendered (parsers/render.py): its blobs stay closed.
     last_user = max((position for position, item in enumerate(items)
@@ -306,18 +305,22 @@ def _conversation(items: list[dict[str, Any]], first_input: int, sealer: Sealer)
             if reasoning is not None:
                 conversation.append(reasoning)
         elif kind == "function_call":
+            call = ToolCall(item["call_id"], item["name"], item["arguments"], _namespace(item, where))
             try:
                 make_tool(item["name"], None, None, None, where)
             except ToolError as exc:
                 raise invalid_request(str(exc), param=exc.param) from None
-            call_names[item["call_id"]] = item["name"]
-            conversation.append(ToolCall(item["call_id"], item["name"], item["arguments"]))
+            calls[item["call_id"]] = call
+            conversation.append(call)
         elif kind == "function_call_output":
-            name = call_names.get(item["call_id"])
-            if name is None:
+            call = calls.get(item["call_id"])
+            if call is None:
                 raise invalid_request(f"No function call with call_id {item['call_id']!r} precedes this output.",
                                       param=f"{where}.call_id")
-            conversation.append(ToolResult(item["call_id"], name, _output_text(item["output"], where)))
+            conversation.append(ToolResult(item["call_id"], call.name, _output_text(item["output"], where),
+                                           call.namespace))
+        elif kind == "additional_tools":
+            continue  # its tools are declared with the request's own (client_tools.py)
         else:  # the items of tools the server ran (proxy/responses/server_items.py)
             conversation += server_items.read(item)
     return conversation
@@ -333,6 +336,14 @@ def _reasoning(item: dict[str, Any], sealer: Sealer | None) -> Reasoning | None:
     if sealed is not None:
         return Reasoning(sealed.text or text, sealed.tokens)
     return Reasoning(text) if text else None
+
+
+def _namespace(item: dict[str, Any], where: str) -> str | None:
+    namespace = item.get("namespace")
+    problem = namespace_error(namespace) if namespace is not None else None
+    if problem is not None:
+        raise invalid_request(problem, param=f"{where}.namespace")
+    return namespace
 
 
 def _is_preamble(items: list[dict[str, Any]], position: int) -> bool:

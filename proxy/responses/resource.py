@@ -41,9 +41,7 @@ def response_object(
         "output": output,
         "error": error,
         "tools": [
-            *({"type": "function", "name": tool.name, "description": tool.description or None,
-               "parameters": tool.parameters, "strict": tool.strict}
-              for tool in request.tools),
+            *request.tool_echo,  # the client's own tools
             *request.hosted.echo,  # server-side tools, header values and tokens redacted
         ],
         "tool_choice": _tool_choice(request),

@@ -43,7 +43,7 @@ ITEMS: dict[str, dict[str, Any]] = {
         "status": _STATUS,
     }),
     # `caller` (how the call was made) and `async` are ignored: the call renders the same. openai-python's
-    # model_dump() of a ResponseFunctionToolCall writes `async` as `async_`. `namespace` is accepted only when null.
+    # model_dump() of a ResponseFunctionToolCall writes `async` as `async_`. `namespace`: a namespace tool's member.
     "function_call": _object(["call_id", "name", "arguments"], {
         "type": {"const": "function_call"},
         "id": _STRING,
@@ -54,9 +54,9 @@ ITEMS: dict[str, dict[str, Any]] = {
         "caller": {"type": ["object", "null"]},
         "async": _NULLABLE_BOOL,
         "async_": _NULLABLE_BOOL,
-        "namespace": {"type": "null"},
+        "namespace": {"type": ["string", "null"]},
     }),
-    # `name` is ignored: the output belongs to the call its `call_id` names.
+    # `name` and `namespace` are ignored: the output belongs to the call its `call_id` names.
     "function_call_output": _object(["call_id", "output"], {
         "type": {"const": "function_call_output"},
         "id": {"type": ["string", "null"]},
@@ -65,7 +65,14 @@ ITEMS: dict[str, dict[str, Any]] = {
         "status": _STATUS,
         "caller": {"type": ["object", "null"]},
         "name": {"type": ["string", "null"]},
-        "namespace": {"type": "null"},
+        "namespace": {"type": ["string", "null"]},
+    }),
+    # Tools offered from this point of the conversation: offered with the request's own (client_tools.py).
+    "additional_tools": _object(["role", "tools"], {
+        "type": {"const": "additional_tools"},
+        "id": {"type": ["string", "null"]},
+        "role": {"const": "developer"},
+        "tools": {"type": "array", "items": {"type": "object"}},
     }),
     "item_reference": _object(["id"], {"type": {"const": "item_reference"}, "id": _STRING}),
     # Items of the tools the server runs, replayed (proxy/responses/server_items.py).
@@ -98,6 +105,26 @@ UNSUPPORTED = {
     "moderation": "no moderation model runs here; moderate input and output in your application",
 }
 
+# `defer_loading` (load through tool search) and `output_schema` are ignored: every tool is declared up front, and
+# what the function returns is the client's business. `allowed_callers` and `async` are checked in client_tools.py.
+FUNCTION_TOOL = _object(["type", "name"], {
+    "type": {"const": "function"},
+    "name": _STRING,
+    "description": {"type": ["string", "null"]},
+    "parameters": {"type": ["object", "null"]},
+    "strict": _NULLABLE_BOOL,
+    "defer_loading": _NULLABLE_BOOL,
+    "output_schema": {"type": ["object", "null"]},
+    "allowed_callers": {"type": ["array", "null"], "items": {"enum": ["direct", "programmatic"]}},
+    "async": _NULLABLE_BOOL,
+})
+NAMESPACE_TOOL = _object(["type", "name", "description", "tools"], {
+    "type": {"const": "namespace"},
+    "name": _STRING,
+    "description": _STRING,
+    "tools": {"type": "array", "items": {"type": "object", "required": ["type"]}},
+})
+
 # Tool types of the API that no server runs here and the model cannot call: a 400 naming the type, with the reason.
 # (gpt-oss's own built-in tools, web_search and code_interpreter, are served by a --tool-server: hosted_request.py.)
 REFUSED_TOOLS = {
@@ -111,7 +138,6 @@ REFUSED_TOOLS = {
     "tool_search": "every tool is declared to the model up front here (`defer_loading` is ignored), so there is "
                    "nothing to search",
     "programmatic_tool_calling": "programmatic tool calling is not offered: the model calls tools directly",
-    "namespace": "namespace tools are not supported yet",
     "custom": "custom (freeform) tools are not supported yet",
 }
 # Input item types of the API that this server cannot put into a gpt-oss prompt: a 400 naming the type, with the reason.
@@ -134,7 +160,6 @@ REFUSED_ITEMS = {
     "compaction_trigger": "server-side compaction is not offered here: send the conversation's items, or compact it "
                           "yourself",
     "configuration_update": "send `reasoning` and `text` with the request instead",
-    "additional_tools": "additional_tools items are not supported yet",
     "custom_tool_call": "custom (freeform) tools are not supported yet",
     "custom_tool_call_output": "custom (freeform) tools are not supported yet",
 }
@@ -143,19 +168,8 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
     "model": _STRING,
     "input": {"anyOf": [_STRING, {"type": "array", "items": {"type": "object"}}]},
     "instructions": {"type": ["string", "null"]},
-    # `defer_loading` (load through tool search) and `output_schema` are ignored: every tool is declared up front,
-    # and what the function returns is the client's business. `allowed_callers` and `async` are checked in request.py.
-    "tools": {"type": ["array", "null"], "items": _object(["type", "name"], {
-        "type": {"const": "function"},
-        "name": _STRING,
-        "description": {"type": ["string", "null"]},
-        "parameters": {"type": ["object", "null"]},
-        "strict": _NULLABLE_BOOL,
-        "defer_loading": _NULLABLE_BOOL,
-        "output_schema": {"type": ["object", "null"]},
-        "allowed_callers": {"type": ["array", "null"], "items": {"enum": ["direct", "programmatic"]}},
-        "async": _NULLABLE_BOOL,
-    })},
+    # Each tool is checked by its type: client_tools.py (FUNCTION_TOOL, NAMESPACE_TOOL), hosted_request.py.
+    "tools": {"type": ["array", "null"], "items": {"type": "object"}},
     "tool_choice": {"anyOf": [
         {"enum": ["none", "auto", "required", None]},
         _object(["type", "name"], {"type": {"const": "function"}, "name": _STRING}),

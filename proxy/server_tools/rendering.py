@@ -22,14 +22,11 @@ from parsers.render import encode_in_pieces
 from parsers.vocab import Vocab
 from proxy.server_tools.listing import McpTool
 from tools import typescript
-from tools.definitions import MAX_SCHEMA_DEPTH, FunctionTool, ToolError, json_depth, make_tool
+from tools.definitions import MAX_SCHEMA_DEPTH, RESERVED_NAMESPACES, FunctionTool, ToolError, json_depth, make_tool
 
 _PIECE_CHARS = 8192
 _LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")  # what a recipient `to=label.NAME` can carry
-# Namespaces the model already knows, or words that are Harmony roles: an MCP server must not be named so.
-RESERVED_NAMESPACES = frozenset({"functions", "browser", "python", "container", "multi_tool_use", "assistant",
-                                 "user", "system", "developer", "tool", "all"})
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _SCHEMA_VALUES = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
@@ -73,16 +70,6 @@ def harmony_schema(schema: Any) -> Any:
         else:
             out[key] = value
     return out
-
-
-def namespace_section(name: str, description: str | None, declarations: Sequence[str]) -> str:
-    """`## {name}`, the description as `//` lines, then the namespace holding the declarations (each from
-    `typescript.declaration`, of a `function_tool`)."""
-    lines = typescript.rust_lines(description) if description else []
-    if not declarations:  # the library writes a namespace without tools as its description alone
-        return "\n".join([f"## {name}\n", *lines])
-    head = "".join(f"// {line}\n" for line in lines)
-    return f"## {name}\n\n{head}namespace {name} {{\n\n" + "\n".join(declarations) + f"\n}} // namespace {name}"
 
 
 def functions_section(declarations: Sequence[str]) -> str:

@@ -1,0 +1,122 @@
+"""The client's own tools in a Responses request, read and checked: functions, and namespace tools (functions
+grouped under a name of their own: Codex declares each MCP server it runs, and its sub-agent tools, so), from
+`tools` and from `additional_tools` input items.
+
+Harmony has namespaces natively: the `functions` namespace holds the functions declared outside any namespace, and
+each namespace tool is declared as a namespace of its own in the developer message (`namespace mcp__docs__ {...}`),
+which the model addresses as `to=mcp__docs__.search`. Calls come back as `function_call` items naming the member
+(`name`) and its namespace (`namespace`), the pair Codex routes by.
+
+The tools of `additional_tools` items (Codex >= 0.150 sends tools so) are offered with the request's own, declared
+up front: a tool declared again with the same content counts once. Server-side tools there (`mcp`,
+`code_interpreter`, `web_search`) are not offered: declare them in `tools`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.errors import invalid_request
+from proxy.responses.schema import FUNCTION_TOOL, NAMESPACE_TOOL, REFUSED_TOOLS
+from proxy.validation import check, compile_schema
+from tools.cache import ToolCatalog
+from tools.definitions import FunctionTool, ToolError, check_unique, declaration_key, namespace_error
+
+logger = logging.getLogger("harmony_proxy")
+
+_FUNCTION = compile_schema(FUNCTION_TOOL)
+_NAMESPACE = compile_schema(NAMESPACE_TOOL)
+CLIENT_TOOL_TYPES = frozenset({"function", "namespace"})
+# Tool types an additional_tools item may hold but that are not offered from there (logged).
+_NOT_OFFERED_THERE = frozenset({"mcp", "code_interpreter", "web_search", "web_search_2025_08_26", "web_search_preview",
+                                "web_search_preview_2025_03_11"})
+
+
+@dataclass
+class ClientTools:
+    tools: list[FunctionTool] = field(default_factory=list)  # functions, namespace members with their namespace
+    namespaces: dict[str, str] = field(default_factory=dict)  # the namespace tools: name -> description
+    echo: list[dict[str, Any]] = field(default_factory=list)  # the request's `tools` as the response lists them
+
+
+@dataclass
+class _Reading:
+    declarations: list[tuple[Any, ...]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    namespaces: dict[str, str] = field(default_factory=dict)
+    seen: set[str] | None = None  # with additional_tools: the declarations read, as JSON (one read again counts once)
+
+
+def read_client_tools(tools: list[Any], items: list[dict[str, Any]], catalog: ToolCatalog) -> ClientTools:
+    """The checked tools of `tools` (server-side ones already taken out) and of the input's additional_tools items;
+    a 400 naming the field for anything wrong."""
+    reading = _Reading()
+    echo = [_read(tool, f"tools[{position}]", reading) for position, tool in enumerate(tools)]
+    for position, item in enumerate(items):
+        if item["type"] != "additional_tools":
+            continue
+        if reading.seen is None:
+            reading.seen = {declaration_key(*declaration) for declaration in reading.declarations}
+        for index, tool in enumerate(item["tools"]):
+            where = f"input[{position}].tools[{index}]"
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if kind in _NOT_OFFERED_THERE:
+                logger.info("%s (%r): not offered to the model: declare server-side tools in `tools`", where, kind)
+                continue
+            _check_kind(kind, f"{where}.type")
+            _read(tool, where, reading)
+    try:
+        declared = catalog.read(reading.declarations, reading.paths.__getitem__)
+        check_unique(declared, reading.paths.__getitem__)
+    except ToolError as exc:
+        raise invalid_request(str(exc), param=exc.param, code=exc.code) from None
+    return ClientTools(declared, reading.namespaces, echo)
+
+
+def _check_kind(kind: Any, param: str) -> None:
+    if kind not in CLIENT_TOOL_TYPES:
+        reason = REFUSED_TOOLS.get(kind) if isinstance(kind, str) else None
+        raise invalid_request(f"Tool type {kind!r} is not supported: {reason or 'declare function or namespace tools'}.",
+                              param=param, code="invalid_value")
+
+
+def _read(tool: dict[str, Any], where: str, reading: _Reading) -> dict[str, Any]:
+    """Add one tool's declarations; its echo."""
+    if tool["type"] == "function":
+        return _function(tool, where, None, reading)
+    check(tool, _NAMESPACE, where)
+    name = tool["name"]
+    problem = namespace_error(name)
+    if problem is not None:
+        raise invalid_request(problem, param=f"{where}.name")
+    reading.namespaces.setdefault(name, tool["description"])
+    members = []
+    for index, member in enumerate(tool["tools"]):
+        if member.get("type") != "function":
+            raise invalid_request(f"Tool type {member.get('type')!r} is not supported in a namespace here: declare "
+                                  "function tools.", param=f"{where}.tools[{index}].type", code="invalid_value")
+        members.append(_function(member, f"{where}.tools[{index}]", name, reading))
+    return {"type": "namespace", "name": name, "description": tool["description"], "tools": members}
+
+
+def _function(tool: dict[str, Any], where: str, namespace: str | None, reading: _Reading) -> dict[str, Any]:
+    check(tool, _FUNCTION, where)
+    callers = tool.get("allowed_callers")
+    if callers is not None and "direct" not in callers:
+        raise invalid_request("Programmatic tool calling is not offered: the model calls functions directly; allow "
+                              "'direct'.", param=f"{where}.allowed_callers", code="unsupported_parameter")
+    if tool.get("async") is True:
+        raise invalid_request("Asynchronous function calls are not supported: a call ends the model's turn until its "
+                              "output is sent.", param=f"{where}.async", code="unsupported_parameter")
+    declaration = (tool["name"], tool.get("description"), tool.get("parameters"), tool.get("strict"), namespace)
+    if reading.seen is not None:
+        key = declaration_key(*declaration)
+        if key in reading.seen:
+            return {}
+        reading.seen.add(key)
+    reading.declarations.append(declaration)
+    reading.paths.append(where)
+    return {"type": "function", "name": tool["name"], "description": tool.get("description") or None,
+            "parameters": tool.get("parameters"), "strict": tool.get("strict")}
