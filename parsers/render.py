@@ -133,12 +133,26 @@ class Renderer:
             return self._join(plan, self._make(missing))
         return self._join(plan, await asyncio.to_thread(self._make, missing))
 
+    async def render_items(self, items: Sequence[Item]) -> list[int]:
+        """The tokens of `items` alone, exactly as a full render writes them (each is a message of its own):
+        what a continuation appends (parsers/continuation.py). New pieces are encoded off the loop when large."""
+        plan = [self._cached(_key(item), _size(item), partial(self._item, item)) for item in items]
+        missing = [part for part in plan if isinstance(part, _Part)]
+        if sum(part.size for part in missing) < OFF_LOOP_CHARS:
+            return self._join(plan, self._make(missing))
+        return self._join(plan, await asyncio.to_thread(self._make, missing))
+
+    @property
+    def open_assistant(self) -> tuple[int, ...]:
+        """`<|start|>assistant`: every prompt ends with it."""
+        return self._open_assistant
+
     def cache_stats(self) -> CacheStats:
         return self._pieces.stats()
 
     def _lookup(self, prompt: Prompt) -> list[tuple[int, ...] | _Part]:
         """The prompt as token pieces: known ones as tokens, the others as parts still to render."""
-        leading, rest = _split_leading_instructions(prompt.items)
+        leading, rest = split_leading_instructions(prompt.items)
         has_tools = bool(prompt.tools or prompt.namespaces or prompt.tool_namespaces)
         plan: list[tuple[int, ...] | _Part] = [
             self.system_message(prompt.reasoning_effort, has_tools, prompt.builtin_tools)]
@@ -327,7 +341,7 @@ def _size(item: Item) -> int:
     return len(item.text)
 
 
-def _split_leading_instructions(items: Sequence[Item]) -> tuple[list[Instructions], list[Item]]:
+def split_leading_instructions(items: Sequence[Item]) -> tuple[list[Instructions], list[Item]]:
     position = 0
     while position < len(items) and isinstance(items[position], Instructions):
         position += 1
@@ -352,10 +366,10 @@ def _visible_history(items: list[Item]) -> list[Item]:
     return [
         item
         for position, item in enumerate(items)
-        if not _is_analysis(item) or (loop_open and position > last_user)
+        if not is_analysis(item) or (loop_open and position > last_user)
     ]
 
 
-def _is_analysis(item: Item) -> bool:
+def is_analysis(item: Item) -> bool:
     return isinstance(item, Reasoning) or (isinstance(item, (ServerToolCall, ServerToolResult))
                                            and item.channel == "analysis")

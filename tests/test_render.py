@@ -22,7 +22,7 @@ from parsers.conversation import (
     ToolResult,
     UserMessage,
 )
-from parsers.render import EFFORTS, KNOWLEDGE_CUTOFF, Renderer, _split_leading_instructions, _visible_history
+from parsers.render import EFFORTS, KNOWLEDGE_CUTOFF, Renderer, split_leading_instructions, _visible_history
 from parsers.vocab import Vocab, load_vocab
 from proxy.chat.request import parse_chat_request
 from tests.conftest import FIXTURES
@@ -111,7 +111,7 @@ def library_render(prompt: Prompt) -> list[int]:
     system = SystemContent.new().with_reasoning_effort(EFFORTS[prompt.reasoning_effort]).with_knowledge_cutoff(
         KNOWLEDGE_CUTOFF)
     tokens = encoding.render(Message.from_role_and_content(Role.SYSTEM, system), options)
-    leading, rest = _split_leading_instructions(prompt.items)
+    leading, rest = split_leading_instructions(prompt.items)
     instructions = "\n\n".join(item.text for item in leading if item.text)
     if instructions or prompt.tools:
         developer = DeveloperContent.new()
