@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from proxy.auth import APIKeyMiddleware
 from proxy.chat.routes import chat_completions, tokenize
@@ -30,6 +30,7 @@ from proxy.responses.routes import (
     list_input_items,
     retrieve_response,
 )
+from proxy.responses.websocket import responses_socket
 from proxy.sse import KeepRawSend
 from proxy.state import ServerState
 from proxy.status import health, list_models, retrieve_model
@@ -72,6 +73,7 @@ def create_app(
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/responses", create_response, methods=["POST"]),
             Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
+            WebSocketRoute("/v1/responses", responses_socket),
             Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
             Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),

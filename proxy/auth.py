@@ -1,6 +1,10 @@
 """`--api-key`: every route then needs `Authorization: Bearer <key>`, except /health (for probes).
 
-The scheme is matched in any case (`bearer`, `BEARER`: RFC 9110 section 11.1), the key exactly.
+The scheme is matched in any case (`bearer`, `BEARER`: RFC 9110 section 11.1), the key exactly. A WebSocket
+(`/v1/responses`) takes the same header; a browser, which cannot set headers on a WebSocket, offers the key as
+a subprotocol instead, `openai-insecure-api-key.<key>`, as OpenAI's Realtime API takes it. A refused upgrade is
+answered 401 with the error body where the server can answer an upgrade with a response (uvicorn can), else
+closed with 1008 (policy violation).
 
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware, which gets in the way of streaming responses).
 """
@@ -13,6 +17,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.errors import APIError
 
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+
 
 class APIKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str, public: frozenset[str] = frozenset({"/health"})) -> None:
@@ -23,10 +29,31 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self._public:
-            scheme, _, key = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
-            # constant time over the key: no guessing it by timing
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(key.lstrip(b" "), self._expected):
-                error = APIError(401, "Incorrect API key provided.", code="invalid_api_key", type="invalid_request_error")
-                await error.response()(scope, receive, send)
+            if not self._authorized(scope):
+                await _refusal().response()(scope, receive, send)
                 return
+        elif scope["type"] == "websocket" and not (self._authorized(scope) or self._offered_key(scope)):
+            if "websocket.http.response" in scope.get("extensions", {}):
+                error = _refusal()
+                body = error.response().body
+                await send({"type": "websocket.http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+                await send({"type": "websocket.http.response.body", "body": body})
+            else:
+                await send({"type": "websocket.close", "code": 1008, "reason": "Incorrect API key provided."})
+            return
         await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        scheme, _, key = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+        # constant time over the key: no guessing it by timing
+        return scheme.lower() == b"bearer" and hmac.compare_digest(key.lstrip(b" "), self._expected)
+
+    def _offered_key(self, scope: Scope) -> bool:
+        return any(name.startswith(KEY_SUBPROTOCOL)
+                   and hmac.compare_digest(name[len(KEY_SUBPROTOCOL):].encode(), self._expected)
+                   for name in scope.get("subprotocols") or ())
+
+
+def _refusal() -> APIError:
+    return APIError(401, "Incorrect API key provided.", code="invalid_api_key", type="invalid_request_error")

@@ -41,6 +41,7 @@ from proxy.responses.sealing import KEY_ENV, MIN_SECRET_CHARS
 from proxy.responses.store import SQLiteResponseStore
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
+from proxy.validation import MAX_BODY_BYTES
 
 logger = logging.getLogger("harmony_proxy")
 ENGINES = ("mock", "scripted", "trtllm", "upstream")
@@ -96,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "(/metrics too, unless --metrics-public; or set HARMONY_PROXY_API_KEY)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="on SIGTERM, seconds running requests may take to finish before they are aborted")
+    serve.add_argument("--ws-ping-interval", type=float, default=20.0, metavar="SECONDS",
+                       help="WebSocket (/v1/responses): ping the client this often, keeping idle connections open")
+    serve.add_argument("--ws-ping-timeout", type=float, default=20.0, metavar="SECONDS",
+                       help="WebSocket: close a connection whose client has not answered a ping within this")
     serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"))
     serve.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                        help="text, or json: every log line one JSON object (default text)")
@@ -268,7 +273,11 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
         loop = "proxy.listener:new_event_loop"  # uvloop that accepts every waiting connection (proxy/listener.py)
     return {"host": args.host, "port": args.port, "loop": loop, "http": http, "log_config": None,
             "log_level": args.log_level, "timeout_graceful_shutdown": args.shutdown_timeout,
-            "access_log": False}  # ours (proxy/access_log.py) has the request id, tokens and timings
+            "access_log": False,  # ours (proxy/access_log.py) has the request id, tokens and timings
+            # WebSocket (proxy/responses/websocket.py): the websockets library, its pings, and a message as
+            # large as an HTTP body may be (a larger one closes the connection with 1009).
+            "ws": "websockets-sansio", "ws_ping_interval": args.ws_ping_interval,
+            "ws_ping_timeout": args.ws_ping_timeout, "ws_max_size": MAX_BODY_BYTES}
 
 
 def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | None = None) -> ServerState:

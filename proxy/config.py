@@ -27,3 +27,4 @@ class ServerConfig:
     log_requests: bool = False  # log each request's body and headers (never its Authorization)
     # The secret sealed blobs (encrypted_content) are keyed from (--reasoning-key); None: a random key per start.
     reasoning_key: str | None = field(default=None, repr=False)
+    ws_lifetime: float = 3600.0  # seconds a Responses WebSocket connection lasts (OpenAI's 60 minutes)

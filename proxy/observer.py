@@ -106,8 +106,13 @@ class RequestObserver:
             record.route, record.api = route, api_of(route)
 
     def _publish(self, record: RequestRecord) -> None:
-        try:
-            self._metrics.observe(record)
-            write_access_line(record, self._model)
-        except Exception:  # the answer is sent; a fault here must not turn into an error for the client
-            logger.exception("could not record request %s", record.request_id)
+        publish(self._metrics, self._model, record)
+
+
+def publish(metrics: Metrics, model: str, record: RequestRecord) -> None:
+    """A finished request to the metrics and the access log (a WebSocket's responses publish theirs here too)."""
+    try:
+        metrics.observe(record)
+        write_access_line(record, model)
+    except Exception:  # the answer is sent; a fault here must not turn into an error for the client
+        logger.exception("could not record request %s", record.request_id)

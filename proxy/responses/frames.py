@@ -1,4 +1,5 @@
-"""Responses streaming events → SSE frames (`event: T` + `data: {...}`), numbered from 0 in order."""
+"""Responses streaming events → SSE frames (`event: T` + `data: {...}`) or WebSocket text messages (the JSON
+alone), numbered from 0 in order."""
 
 from __future__ import annotations
 
@@ -28,3 +29,24 @@ class EventWriter:
                 data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
                 parts.append(b"event: %s\ndata: %s\n\n" % (payload["type"].encode(), data.encode()))  # type: ignore[index]
         return b"".join(parts)
+
+    def messages(self, payloads: Iterable[Payload | TextDelta], stream_id: str | None = None) -> list[str]:
+        """The same events as WebSocket text messages, one per event; each names the create's `stream_id`
+        (its lane) when it named one."""
+        lane = "" if stream_id is None else ',"stream_id":' + json.dumps(stream_id)
+        messages: list[str] = []
+        for payload in payloads:
+            if type(payload) is tuple:
+                item, text = payload
+                delta = encode_basestring(text)
+                for prefix in item.delta_prefixes:  # the SSE frame's start: its JSON follows `data: `
+                    head = prefix[prefix.index(b"data: ") + 6:].decode()
+                    messages.append(f'{head}{delta},"sequence_number":{self._sequence}{lane}}}')
+                    self._sequence += 1
+            else:
+                payload["sequence_number"] = self._sequence  # type: ignore[index]
+                if stream_id is not None:
+                    payload["stream_id"] = stream_id  # type: ignore[index]
+                self._sequence += 1
+                messages.append(json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+        return messages

@@ -152,11 +152,15 @@ def parse_responses_request(
     )
 
 
-async def resolve(request: ResponsesRequest, store: ResponseStore | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def resolve(request: ResponsesRequest, store: ResponseStore | None,
+                  history: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(history, input items) with `previous_response_id` or `conversation`, and item references, looked up in
-    the store."""
+    the store; `history`: the previous response's, when the caller has it (a WebSocket connection keeps its own)."""
     previous = request.body.get("previous_response_id")
-    history: list[dict[str, Any]] = []
+    if history is None:
+        history = []
+    elif previous:
+        previous = None  # known already
     if previous:
         found = await store.history(previous) if store is not None else None
         if found is None:
@@ -214,10 +218,13 @@ def conversation_not_found(conversation_id: str) -> APIError:
 def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]],
                sealer: Sealer) -> Prompt:
     """The conversation to render; `sealer` opens the encrypted_content of reasoning items."""
-    conversation: list[Item] = []
-    if request.body.get("instructions"):
-        conversation.append(Instructions(request.body["instructions"]))  # earlier instructions are not carried over
-    conversation += _conversation(history + items, len(history), sealer)
+    return prompt_with(request, conversation_of(history + items, len(history), sealer))
+
+
+def prompt_with(request: ResponsesRequest, conversation: list[Item]) -> Prompt:
+    """The prompt of a conversation (history and input, translated): this request's instructions first."""
+    if request.body.get("instructions"):  # earlier instructions are not carried over
+        conversation = [Instructions(request.body["instructions"]), *conversation]
     conversation = with_verbosity(conversation, (request.body.get("text") or {}).get("verbosity"))
     if not any(not isinstance(item, Instructions) for item in conversation):
         raise invalid_request("The conversation is empty: send `input`.", param="input")
@@ -281,9 +288,12 @@ def _normalize(item: Any, where: str) -> dict[str, Any]:
     return {"id": item.get("id") or new_id(_ID_PREFIX[kind]), **{key: item[key] for key in item if key != "id"}}
 
 
-def _conversation(items: list[dict[str, Any]], first_input: int, sealer: Sealer) -> list[Item]:
+def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Sealer | None,
+                    calls: dict[str, ToolCall] | None = None) -> list[Item]:
+    """Items (history from `first_input` on: the new input) as the conversation the renderer reads; `sealer`
+    opens reasoning blobs. `calls` (by call id) holds the calls of earlier items; the new calls are added to it."""
     conversation: list[Item] = []
-    calls: dict[str, ToolCall] = {}
+    calls = {} if calls is None else calls
     server_items = ServerItems(items)
     # Reasoning before the last user message is not rendered (parsers/render.py): its blobs stay closed.
     last_user = max((position for position, item in enumerate(items)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -19,7 +19,7 @@ from proxy.responses.hosted import HostedTools, offered_builtins
 from proxy.responses.hosted import resolve as resolve_hosted
 from proxy.responses.output import ResponseOutput
 from proxy.responses.request import ResponsesRequest, prompt_for, read_responses_request, resolve
-from proxy.responses.run import ResponseRun, RunEvents
+from proxy.responses.run import ResponseRun, RunEvents, Save
 from proxy.responses.server_items import pending_approvals
 from proxy.responses.store import UNFINISHED, StoredResponse
 from proxy.responses.tool_loop import ToolLoop
@@ -35,6 +35,21 @@ async def create_response(request: Request) -> Response:
     parsed = await read_responses_request(
         request, config.default_reasoning_effort, config.served_model_name, state.renderer.tools
     )
+    await check_create(state, parsed)
+    history, items = await resolve(parsed, state.responses)
+    run = await new_run(state, parsed, history, items, request.headers, watch=request)
+    if parsed.background:  # `background` requires a store, checked above; the job's process owns the record
+        await state.responses.save(run.record())  # queued
+        state.jobs.start(run)
+        return JSONResponse(run.resource())
+    await unless_disconnected(request, run.start())
+    if parsed.stream:
+        return EventStream(_frames(run))
+    return JSONResponse(await unless_disconnected(request, _complete(run)))  # the run saved it (run.py)
+
+
+async def check_create(state: ServerState, parsed: ResponsesRequest) -> None:
+    """What every transport checks before it resolves and renders: the model, the tools, storage, the engine."""
     state.check_model(parsed.model)
     parsed.hosted = await offered_builtins(parsed.hosted, state.tool_servers)
     parsed.hosted.refuse_constraints(parsed.body)
@@ -45,31 +60,47 @@ async def create_response(request: Request) -> Response:
         raise invalid_request("Conversations need storage, which this server has off (--no-store).",
                               param="conversation")
     state.require_ready()
-    history, items = await resolve(parsed, state.responses)
+
+
+async def new_run(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],
+                  items: list[dict[str, Any]], headers: Mapping[str, str], prompt: list[int] | None = None,
+                  watch: Request | None = None) -> ResponseRun:
+    """A response to generate, for HTTP and WebSocket alike. `prompt`: its tokens, when the caller rendered
+    them (a WebSocket continuation); `watch`: the HTTP request whose client leaving cancels the set-up."""
     response_id = new_id("resp_")
     events: RunEvents
     if parsed.hosted:  # tools this server runs: the tool loop (proxy/responses/tool_loop.py)
-        output, outcome, events = await unless_disconnected(
-            request, _tool_loop(state, parsed, history, items, response_id))
+        setup = _tool_loop(state, parsed, history, items, response_id)
+        output, outcome, events = await (unless_disconnected(watch, setup) if watch is not None else setup)
     else:
-        prompt = prompt_for(parsed, history, items, state.sealer)
-        engine_request = _generation(state, parsed, response_id, await state.renderer.render_off_loop(prompt),
-                                     _hints(request, parsed))
+        if prompt is None:
+            prompt = await state.renderer.render_off_loop(prompt_for(parsed, history, items, state.sealer))
+        engine_request = _generation(state, parsed, response_id, prompt, _hints(headers, parsed))
         outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
         output = _output(state, parsed)
         events = parsed_events(state.engine, engine_request, state.vocab, outcome,
                                keep_reasoning_tokens=output.seals)
-    store = state.responses if parsed.store else None
-    if parsed.background:  # `background` requires a store, checked above; the job's process owns the record
-        run = ResponseRun(response_id, parsed, items, output, outcome, events, state.responses.save_owned)
-        await state.responses.save(run.record())  # queued
-        state.jobs.start(run)
-        return JSONResponse(run.resource())
-    run = ResponseRun(response_id, parsed, items, output, outcome, events, store.save if store else None)
-    await unless_disconnected(request, run.start())
-    if parsed.stream:
-        return EventStream(_frames(run))
-    return JSONResponse(await unless_disconnected(request, _complete(run)))  # the run saved it (run.py)
+    return ResponseRun(response_id, parsed, items, output, outcome, events, _save(state, parsed))
+
+
+def prewarm_run(state: ServerState, parsed: ResponsesRequest, items: list[dict[str, Any]],
+                prompt_tokens: int) -> ResponseRun:
+    """`generate: false` (WebSocket): a response completed at once with no output; the caller rendered and
+    kept its prompt, for the next turn to continue from."""
+    outcome = Outcome(prompt_tokens=prompt_tokens, finish_reason="stop")
+    return ResponseRun(new_id("resp_"), parsed, items, _output(state, parsed), outcome, _no_events(),
+                       _save(state, parsed))
+
+
+def _save(state: ServerState, parsed: ResponsesRequest) -> Save | None:
+    """How the run stores itself when finished (run.py): a background job's process owns its record."""
+    if state.responses is None or not parsed.store:
+        return None
+    return state.responses.save_owned if parsed.background else state.responses.save
+
+
+async def _no_events() -> RunEvents:
+    yield []
 
 
 def _generation(state: ServerState, parsed: ResponsesRequest, response_id: str,
@@ -79,13 +110,13 @@ def _generation(state: ServerState, parsed: ResponsesRequest, response_id: str,
                               routing_hints=hints)
 
 
-def _hints(request: Request, parsed: ResponsesRequest) -> tuple[str, ...]:
+def _hints(headers: Mapping[str, str], parsed: ResponsesRequest) -> tuple[str, ...]:
     """Where the conversation went before: the previous response, the conversation, the client's cache key."""
     body = parsed.body
     conversation = body.get("conversation")
     if isinstance(conversation, dict):
         conversation = conversation.get("id")
-    return routing_hints(request.headers, body.get("previous_response_id"), conversation, body.get("prompt_cache_key"))
+    return routing_hints(headers, body.get("previous_response_id"), conversation, body.get("prompt_cache_key"))
 
 
 def _output(state: ServerState, parsed: ResponsesRequest, hosted: HostedTools | None = None) -> ResponseOutput:

@@ -1,0 +1,281 @@
+"""The Responses API over WebSocket: `GET /v1/responses` upgraded, `response.create` messages in, the events
+of `POST /v1/responses` streamed out (one text message each, with the same `sequence_number`s), turn after turn.
+
+A create is parsed, checked, run and stored by the same code as over HTTP (proxy/responses/routes.py); what is
+the connection's own: its turns (proxy/responses/turns.py: `previous_response_id` with `store: false`, and a
+prompt that extends the last turn's tokens), its lanes (`stream_id`: creates of one lane run one after another,
+lanes side by side; no `stream_id` is a lane too), and OpenAI's limits: 16 responses active or queued, 32 named
+lanes, 60 minutes (then `websocket_connection_limit_reached` and a normal close, once nothing runs).
+
+Each create gets its own request record (request id `<connection id>.<n>`, metrics, access log line, method
+`WS`). A failure before a response starts is an `error` event in OpenAI's shape, with `status`; after it, the
+response fails as over SSE. `response.cancel` (`response_id`) stops a response, which ends with
+`response.cancelled`; the client leaving cancels every response of the connection. Pings are uvicorn's
+(`--ws-ping-interval`, `--ws-ping-timeout`): a peer that stops answering them is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from functools import partial
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from proxy.auth import KEY_SUBPROTOCOL
+from proxy.engines.base import EngineError
+from proxy.errors import APIError, from_engine, invalid_request
+from proxy.observer import publish
+from proxy.request_record import RequestRecord, current_record, request_id_from
+from proxy.responses import turns
+from proxy.responses.frames import EventWriter
+from proxy.responses.request import ResponsesRequest, parse_responses_request, resolve
+from proxy.responses.routes import check_create, new_run, prewarm_run
+from proxy.responses.run import ResponseRun
+from proxy.state import ServerState
+from proxy.validation import LARGE_BODY_BYTES, decode_json_object
+
+logger = logging.getLogger("harmony_proxy")
+
+MAX_ACTIVE = 16
+MAX_LANES = 32
+LIFETIME_SECONDS = 3600.0
+ROUTE = "/v1/responses"
+
+
+async def responses_socket(websocket: WebSocket) -> None:
+    state: ServerState = websocket.app.state.harmony
+    await ResponsesConnection(websocket, state, state.config.ws_lifetime).serve()
+
+
+class ResponsesConnection:
+    def __init__(self, websocket: WebSocket, state: ServerState, lifetime: float = LIFETIME_SECONDS) -> None:
+        self._socket = websocket
+        self._state = state
+        self._lifetime = lifetime
+        self._id = request_id_from(websocket.scope["headers"])
+        self._turns = turns.Turns(state.sealer)
+        self._tasks: set[asyncio.Task[None]] = set()  # responses active or waiting in their lane
+        self._lanes: dict[str | None, asyncio.Task[None]] = {}  # each lane's last response
+        self._by_id: dict[str, asyncio.Task[None]] = {}
+        self._cancelled: set[asyncio.Task[None]] = set()  # cancelled by `response.cancel`, not by a departure
+        self._count = 0
+        self._expired = False
+        self._closed = False
+
+    async def serve(self) -> None:
+        await self._socket.accept(subprotocol=_subprotocol(self._socket.scope.get("subprotocols") or []),
+                                  headers=[(b"x-request-id", self._id.encode())])
+        timer = asyncio.get_running_loop().call_later(self._lifetime, self._expire)
+        try:
+            while True:
+                message = await self._socket.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                await self._handle(message.get("text") or (message.get("bytes") or b"").decode("utf-8", "replace"))
+        except WebSocketDisconnect:
+            pass
+        finally:
+            timer.cancel()
+            self._closed = True
+            for task in self._tasks:
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _handle(self, text: str) -> None:
+        try:
+            data = await _decode(text)
+        except APIError as exc:
+            await self._error(exc)
+            return
+        kind = data.get("type")
+        if kind == "response.create":
+            await self._create(data, large=len(text) >= LARGE_BODY_BYTES)
+        elif kind == "response.cancel":
+            await self._cancel(data)
+        elif kind == "response.processed":
+            pass  # Codex acknowledges each response it has handled; nothing waits for it here
+        elif kind == "response.steer":
+            await self._error(invalid_request("`response.steer` is not supported: send a new `response.create`.",
+                                              param="type", code="unsupported_event"))
+        else:
+            await self._error(invalid_request(f"Unknown event type {kind!r}: send `response.create`.",
+                                              param="type", code="invalid_event"))
+
+    async def _create(self, data: dict[str, Any], large: bool) -> None:
+        nested = data.get("response")
+        body = dict(nested) if isinstance(nested, dict) else {k: v for k, v in data.items() if k != "type"}
+        stream_id = body.pop("stream_id", data.get("stream_id"))
+        generate = body.pop("generate", data.get("generate", True))
+        body.pop("stream", None)  # every response is streamed here
+        lane_error = _check_envelope(stream_id, generate, body)
+        if lane_error is None and self._expired:
+            lane_error = _limit_reached()
+        if lane_error is None and len(self._tasks) >= MAX_ACTIVE:
+            lane_error = APIError(429, f"This connection has {MAX_ACTIVE} responses active or queued; wait for one "
+                                  "to finish.", code="too_many_active_responses")
+        if lane_error is None and stream_id is not None and stream_id not in self._lanes \
+                and sum(lane is not None for lane in self._lanes) >= MAX_LANES:
+            lane_error = invalid_request(f"This connection has {MAX_LANES} streams with responses; use one of them "
+                                         "or wait.", param="stream_id", code="too_many_streams")
+        if lane_error is not None:
+            await self._error(lane_error, stream_id if isinstance(stream_id, str) else None)
+            return
+        self._count += 1
+        before = self._lanes.get(stream_id)
+        task = asyncio.create_task(self._respond(body, stream_id, generate, before, f"{self._id}.{self._count}",
+                                                 large))
+        self._tasks.add(task)
+        self._lanes[stream_id] = task
+        task.add_done_callback(partial(self._done, stream_id))
+
+    def _done(self, stream_id: str | None, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._cancelled.discard(task)
+        if self._lanes.get(stream_id) is task:
+            del self._lanes[stream_id]
+        if self._expired and not self._tasks and not self._closed:
+            asyncio.get_running_loop().create_task(self._close_expired())
+
+    async def _cancel(self, data: dict[str, Any]) -> None:
+        task = self._by_id.get(data.get("response_id"))  # type: ignore[arg-type]
+        if task is None or task.done():
+            await self._error(APIError(404, f"No response {data.get('response_id')!r} is running on this "
+                                       "connection.", param="response_id", code="response_not_found"))
+            return
+        self._cancelled.add(task)
+        task.cancel()
+
+    async def _respond(self, body: dict[str, Any], stream_id: str | None, generate: bool,
+                       before: asyncio.Task[None] | None, request_id: str, large: bool) -> None:
+        state = self._state
+        record = RequestRecord(request_id, "WS", ROUTE, route=ROUTE, api="responses", streamed=True,
+                               publish=partial(publish, state.metrics, state.config.served_model_name))
+        current_record.set(record)  # this task's own context
+        state.metrics.stream_opened("responses")
+        run: ResponseRun | None = None
+        writer = EventWriter()
+        try:
+            if before is not None:
+                await asyncio.wait([before])  # the lane's responses run in order; how that one ended is its own
+            config = state.config
+            parse = partial(parse_responses_request, body, config.default_reasoning_effort,
+                            config.served_model_name, state.renderer.tools)
+            parsed = await asyncio.to_thread(parse) if large else parse()  # large: off the loop, as over HTTP
+            await check_create(state, parsed)
+            previous = self._turns.get(parsed.body.get("previous_response_id"))
+            history, items = await resolve(parsed, state.responses, previous.items if previous else None)
+            plan = await turns.plan(state.renderer, state.sealer, parsed, previous, history, items)
+            prompt = plan.rendered.tokens if plan.rendered is not None else None
+            if generate:
+                run = await new_run(state, parsed, history, items, self._socket.headers, prompt=prompt)
+            else:
+                run = prewarm_run(state, parsed, items, len(prompt or ()))
+            self._by_id[run.id] = asyncio.current_task()  # type: ignore[assignment]
+            await run.start()
+            record.status = 200
+            async for batch in run.batches():  # a stored run saves itself before its terminal event
+                for message in writer.messages(batch, stream_id):
+                    await self._socket.send_text(message)
+            resource = run.resource()
+            if resource["status"] in ("completed", "incomplete"):
+                self._turns.remember(run.id, plan, resource["output"])
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task not in self._cancelled or task is None:
+                record.client_left = self._closed and not record.answered()
+                raise
+            task.uncancel()  # cancelled by the client's `response.cancel`: say so, and go on serving
+            await self._cancelled_run(run, writer, stream_id, record)
+        except (APIError, EngineError) as exc:
+            error = from_engine(exc) if isinstance(exc, EngineError) else exc
+            if record.status == 0:
+                record.status = error.status
+            await self._error(error, stream_id)
+        except Exception:
+            logger.exception("websocket response %s failed", request_id)
+            if record.status == 0:
+                record.status = 500
+            await self._error(APIError(500, "The server had an error while processing your request.",
+                                       type="server_error"), stream_id)
+        finally:
+            if run is not None:
+                self._by_id.pop(run.id, None)
+            state.metrics.stream_closed("responses")
+            record.finish()
+
+    async def _cancelled_run(self, run: ResponseRun | None, writer: EventWriter, stream_id: str | None,
+                             record: RequestRecord) -> None:
+        if record.status == 0:
+            record.status = 499
+        if run is None:
+            return
+        run.cancel()
+        if run.request.store and self._state.responses is not None:
+            await self._state.responses.save(run.record())
+        for message in writer.messages([{"type": "response.cancelled", "response": run.resource()}], stream_id):
+            await self._send_quietly(message)
+
+    async def _error(self, error: APIError, stream_id: str | None = None) -> None:
+        event: dict[str, Any] = {"type": "error", "status": error.status, "error": error.body()["error"]}
+        if error.headers:
+            event["headers"] = event["error"]["headers"] = error.headers
+        if stream_id is not None:
+            event["stream_id"] = stream_id
+        await self._send_quietly(json.dumps(event, ensure_ascii=False))
+
+    async def _send_quietly(self, message: str) -> None:
+        """A message about a failure: a client that left meanwhile is no failure of ours."""
+        if self._closed:
+            return
+        with contextlib.suppress(OSError, RuntimeError, WebSocketDisconnect):
+            await self._socket.send_text(message)
+
+    def _expire(self) -> None:
+        """OpenAI's connections last 60 minutes: new creates are refused; the socket closes once idle."""
+        self._expired = True
+        if not self._tasks:
+            asyncio.get_running_loop().create_task(self._close_expired())
+
+    async def _close_expired(self) -> None:
+        if self._closed:
+            return
+        await self._error(_limit_reached())
+        self._closed = True
+        with contextlib.suppress(OSError, RuntimeError, WebSocketDisconnect):
+            await self._socket.close(1000, "connection lifetime reached")
+
+
+def _check_envelope(stream_id: Any, generate: Any, body: dict[str, Any]) -> APIError | None:
+    if stream_id is not None and (not isinstance(stream_id, str) or not 1 <= len(stream_id) <= 256):
+        return invalid_request("`stream_id` must be a string of 1 to 256 characters.", param="stream_id")
+    if not isinstance(generate, bool):
+        return invalid_request("`generate` must be a boolean.", param="generate")
+    if body.get("background"):
+        return invalid_request("Background responses are not supported over WebSocket: use POST /v1/responses.",
+                               param="background", code="unsupported_parameter")
+    return None
+
+
+def _limit_reached() -> APIError:
+    return APIError(400, f"Responses websocket connection limit reached ({int(LIFETIME_SECONDS // 60)} minutes). "
+                    "Create a new websocket connection to continue.", code="websocket_connection_limit_reached")
+
+
+async def _decode(text: str) -> dict[str, Any]:
+    raw = text.encode()
+    if len(raw) < LARGE_BODY_BYTES:
+        return decode_json_object(raw)
+    return await asyncio.to_thread(decode_json_object, raw, True)
+
+
+def _subprotocol(offered: list[str]) -> str | None:
+    """A browser offering subprotocols needs one echoed: any but the one that carries the key, if it can."""
+    for name in offered:
+        if not name.startswith(KEY_SUBPROTOCOL):
+            return name
+    return offered[0] if offered else None
