@@ -1,0 +1,188 @@
+"""OpenAI's Codex CLI (`codex exec --json`) against the real server and the scripted engine.
+
+Codex is pinned in tests/codex/package-lock.json; `npm ci` installs it (with its native binary, a platform
+package) once into tests/codex/node_modules (git-ignored) and again only when the lock file changes. Each test
+gives Codex a CODEX_HOME of its own: Codex's default configuration plus a provider for the server and one local
+MCP server over stdio (tests/mcp_stdio.py). The provider has an `auth` command, since Codex 0.169 reads a
+provider's model catalog (`GET /v1/models?client_version=...`) only then. HOME points into the test's folder too,
+so nothing is written outside it; Codex may try its own online services, which fail here without mattering.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.engines.scripted import scripted_engine
+from tests.conftest import MODEL, LiveServer
+from tests.engines import Recording
+
+CODEX_DIR = Path(__file__).resolve().parent / "codex"
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def codex_binary() -> Path:
+    installed = CODEX_DIR / "node_modules" / ".package-lock.json"  # npm writes it last, after a complete install
+    lock = CODEX_DIR / "package-lock.json"
+    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=CODEX_DIR, check=True, timeout=300,
+                       capture_output=True)
+    return CODEX_DIR / "node_modules" / ".bin" / "codex"
+
+
+class Codex:
+    """One Codex installation (CODEX_HOME) pointed at a server, and the folder it works in."""
+
+    def __init__(self, binary: Path, folder: Path, server: LiveServer) -> None:
+        self.binary = binary
+        self.home = folder / "codex-home"
+        self.workdir = folder / "project"
+        self.home.mkdir()
+        self.workdir.mkdir()
+        self.env = {"PATH": os.environ["PATH"], "HOME": str(folder), "CODEX_HOME": str(self.home),
+                    "RUST_LOG": "error", "NO_COLOR": "1"}
+        self.home.joinpath("config.toml").write_text(f"""\
+model = "{MODEL}"
+model_provider = "harmony"
+
+[model_providers.harmony]
+name = "harmony-proxy"
+base_url = "{server.base_url}/v1"
+wire_api = "responses"
+
+[model_providers.harmony.auth]
+command = "echo"
+args = ["no-key-needed"]
+
+[mcp_servers.weather]
+command = "{sys.executable}"
+args = ["-m", "tests.mcp_stdio", "weather"]
+cwd = "{ROOT}"
+required = true  # Codex waits for it to start before the first request
+default_tools_approval_mode = "approve"  # `codex exec` asks no one: without it Codex refuses MCP calls
+""", encoding="utf-8")
+
+    def exec(self, *args: str) -> list[dict[str, Any]]:
+        """`codex exec --json ARGS`: the JSON events it printed."""
+        done = subprocess.run(
+            [str(self.binary), "exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write", *args],
+            check=False, cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=45)
+        events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        assert events, f"no events from codex (exit {done.returncode}): {done.stderr[-3000:]}"
+        return events
+
+
+def items(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [event["item"] for event in events if event["type"] == "item.completed" and event["item"]["type"] == kind]
+
+
+def turn_completed(events: list[dict[str, Any]]) -> None:
+    failures = [event for event in events if event["type"] in ("turn.failed", "error")]
+    assert not failures, failures
+    assert events[-1]["type"] == "turn.completed", events[-1]
+
+
+@pytest.fixture
+def codex(codex_binary: Path, tmp_path: Path) -> Callable[[LiveServer], Codex]:
+    return lambda server: Codex(codex_binary, tmp_path, server)
+
+
+SHELL_CALL = (
+    "<|channel|>analysis<|message|>Read the notes first.<|end|><|start|>assistant<|channel|>commentary "
+    'to=functions.exec_command <|constrain|>json<|message|>{"cmd":"cat notes.txt"}<|call|>'
+)
+SHELL_ANSWER = (
+    "<|channel|>analysis<|message|>The notes greet us.<|end|><|start|>assistant<|channel|>final<|message|>"
+    "The notes say hello.<|return|>"
+)
+SECOND_ANSWER = (
+    "<|channel|>analysis<|message|>Asked again.<|end|><|start|>assistant<|channel|>final<|message|>"
+    "Still hello.<|return|>"
+)
+MCP_CALL = (
+    "<|channel|>analysis<|message|>Ask the weather server.<|end|><|start|>assistant<|channel|>commentary "
+    'to=mcp__weather.get_forecast <|constrain|>json<|message|>{"city":"Paris"}<|call|>'
+)
+MCP_ANSWER = (
+    "<|channel|>analysis<|message|>Sunny.<|end|><|start|>assistant<|channel|>final<|message|>"
+    "Paris is sunny, 21C.<|return|>"
+)
+
+
+def started(serve: Callable[..., LiveServer], vocab: Any, completions: list[str]) -> tuple[LiveServer, Recording]:
+    engine = Recording(scripted_engine(vocab, completions))
+    return serve(engine=engine), engine
+
+
+def prompts(engine: Recording, vocab: Any) -> list[str]:
+    return [vocab.decode(request.prompt_token_ids) for request in engine.requests]
+
+
+def test_shell_tool_loop_with_reasoning_shown(
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex]
+) -> None:
+    server, engine = started(serve, vocab, [SHELL_CALL, SHELL_ANSWER])
+    agent = codex(server)
+    agent.workdir.joinpath("notes.txt").write_text("hello from the notes\n", encoding="utf-8")
+    events = agent.exec("What do my notes say?")
+    turn_completed(events)
+    assert not items(events, "error")  # no "model metadata not found": Codex took the server's catalog entry
+    commands = items(events, "command_execution")
+    assert [command["exit_code"] for command in commands] == [0]
+    assert "hello from the notes" in commands[0]["aggregated_output"]
+    assert [item["text"] for item in items(events, "reasoning")] == ["Read the notes first.", "The notes greet us."]
+    assert [message["text"] for message in items(events, "agent_message")] == ["The notes say hello."]
+
+    first, second = prompts(engine, vocab)
+    assert "You are a coding agent in the Codex CLI" in first  # the catalog's base instructions
+    assert "namespace functions" in first and "exec_command" in first
+    assert "hello from the notes" in second  # the command's output went back to the model
+    assert second.count("Read the notes first.") == 1  # its reasoning too, rendered once (summary and content)
+
+
+def test_resumed_second_turn(
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex]
+) -> None:
+    server, engine = started(serve, vocab, [SHELL_CALL, SHELL_ANSWER, SECOND_ANSWER])
+    agent = codex(server)
+    agent.workdir.joinpath("notes.txt").write_text("hello from the notes\n", encoding="utf-8")
+    first = agent.exec("What do my notes say?")
+    turn_completed(first)
+    thread = first[0]["thread_id"]
+    again = agent.exec("resume", thread, "And now?")
+    turn_completed(again)
+    assert again[0] == {"type": "thread.started", "thread_id": thread}
+    assert [message["text"] for message in items(again, "agent_message")] == ["Still hello."]
+
+    third = prompts(engine, vocab)[2]
+    for earlier in ("What do my notes say?", "hello from the notes", "The notes say hello.", "And now?"):
+        assert earlier in third
+    # The first turn ended in an answer: its reasoning is not shown to the model again.
+    assert "Read the notes first." not in third and "The notes greet us." not in third
+
+
+def test_mcp_tool_routed_through_its_namespace(
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex]
+) -> None:
+    server, engine = started(serve, vocab, [MCP_CALL, MCP_ANSWER])
+    events = codex(server).exec("What is the weather in Paris?")
+    turn_completed(events)
+    (call,) = items(events, "mcp_tool_call")
+    assert (call["server"], call["tool"], call["status"]) == ("weather", "get_forecast", "completed")
+    assert "Paris: sunny, 21C" in json.dumps(call["result"])
+    assert [message["text"] for message in items(events, "agent_message")] == ["Paris is sunny, 21C."]
+    first, second = prompts(engine, vocab)
+    assert "namespace mcp__weather" in first and "get_forecast" in first
+    assert "<|start|>mcp__weather.get_forecast to=assistant<|channel|>commentary<|message|>" in second
+    assert "Paris: sunny, 21C" in second
+
