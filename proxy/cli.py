@@ -2,7 +2,8 @@
 
 Every trtllm-serve command of NVIDIA's gpt-oss guides can be typed with `harmony-proxy serve` in its place:
 the model as the first argument, and `--tp_size`, `--ep_size`, `--extra_llm_api_options`, ... with underscores
-or dashes.
+or dashes. Every flag of trtllm-serve serve, gpt-oss-dev to 2026 main, is taken: mapped to the same LLM argument,
+accepted with a one-line notice where it has no meaning here, or refused with the reason.
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.routing import ROUTERS
 from proxy.engines.scripted import ScriptError, read_script, scripted_engine
-from proxy.engines.trtllm_args import GUIDED_DECODING_BACKENDS, LlmArgsError, TrtllmFlags, llm_arguments
+from proxy.engines.trtllm_args import (
+    FLAG_ARGUMENTS,
+    GUIDED_DECODING_BACKENDS,
+    LlmArgsError,
+    TrtllmFlags,
+    engine_context,
+    llm_arguments,
+)
 from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
 from proxy.metrics import Metrics
@@ -49,9 +57,29 @@ DEFAULT_MODEL = "openai/gpt-oss-20b"
 DEFAULT_CONTEXT = 131072
 DEFAULT_CONCURRENCY = 1024  # streams one process serves with fair first-token times (benchmarks/load_bench.py)
 TRTLLM_MAX_BATCH_SIZE = 2048  # trtllm-serve's default --max_batch_size
-TRTLLM_ONLY = ("model", "model_argument", "tokenizer", "tp_size", "pp_size", "ep_size", "max_batch_size",
-               "max_num_tokens", "kv_cache_free_gpu_memory_fraction", "trust_remote_code", "extra_llm_api_options",
-               "guided_decoding_backend")
+# trtllm-serve flags that mean nothing here: accepted, each with a one-line notice.
+TRTLLM_IGNORED = {
+    "num_postprocess_workers": "harmony-proxy detokenizes nothing (the engine returns token ids and the Harmony "
+                               "parser reads them in the server); --workers sets the HTTP processes",
+    "reasoning_parser": "gpt-oss's reasoning is parsed by harmony-proxy's own Harmony parser",
+    "tool_parser": "gpt-oss's tool calls are parsed by harmony-proxy's own Harmony parser",
+    "chat_template": "prompts are rendered by openai-harmony, as trtllm-serve renders gpt-oss's",
+    "media_io_kwargs": "gpt-oss takes text only",
+}
+# trtllm-serve flags of what harmony-proxy does not do: refused, with the reason.
+TRTLLM_REFUSED = {
+    "metadata_server_config_file": "disaggregated serving is not run in process: put harmony-proxy --engine upstream "
+                                   "in front of trtllm-serve's disaggregated deployment",
+    "server_role": "disaggregated serving is not run in process: put harmony-proxy --engine upstream in front of "
+                   "trtllm-serve's disaggregated deployment",
+    "disagg_cluster_uri": "disaggregated serving is not run in process: put harmony-proxy --engine upstream in front "
+                          "of trtllm-serve's disaggregated deployment",
+    "custom_module_dirs": "harmony-proxy serves gpt-oss, whose model TensorRT-LLM has built in; custom model "
+                          "modules are not loaded",
+}
+TRTLLM_ONLY = ("model", "model_argument", *(flag for flag in FLAG_ARGUMENTS if flag != "max_seq_len"),
+               "kv_cache_free_gpu_memory_fraction",
+               "extra_llm_api_options", "guided_decoding_backend", "settings", *TRTLLM_IGNORED)
 
 
 def default_store_path() -> Path:
@@ -109,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-public", action="store_true", help="serve /metrics without the --api-key")
 
     capacity = serve.add_argument_group("capacity")
-    capacity.add_argument("--workers", type=int, default=1,
-                          help="HTTP front-end processes sharing the port (vLLM's --api-server-count); default 1")
+    capacity.add_argument("--workers", "--num_serve_frontends", "--num-serve-frontends", dest="workers", type=int,
+                          default=1, help="HTTP front-end processes sharing the port (vLLM's --api-server-count, "
+                                          "trtllm-serve's --num_serve_frontends); default 1")
     capacity.add_argument("--max-concurrent-requests", type=int, metavar="N",
                           help="requests generating at once (default: --max_batch_size, else 2048, for trtllm; "
                                f"{DEFAULT_CONCURRENCY} per worker for the other engines; 0: no limit)")
@@ -159,21 +188,49 @@ def build_parser() -> argparse.ArgumentParser:
 
     trtllm = serve.add_argument_group("trtllm engine (flags as trtllm-serve; dashes or underscores)")
     trtllm.add_argument("--model", help="Hugging Face id or local path (or give it as the first argument)")
-    trtllm.add_argument("--tokenizer")
     trtllm.add_argument("--backend", default="pytorch", choices=("pytorch",))
-    for flag, kind, help_text in (
-        ("tp_size", int, "tensor parallel size"),
-        ("pp_size", int, "pipeline parallel size"),
-        ("ep_size", int, "MoE expert parallel size"),
-        ("max_batch_size", int, None),
-        ("max_num_tokens", int, None),
-        ("max_seq_len", int, None),
-        ("kv_cache_free_gpu_memory_fraction", float, None),
+    for names, kind, help_text in (
+        (("tokenizer",), str, None),
+        (("custom_tokenizer",), str, None),
+        (("tp_size", "tensor_parallel_size"), int, "tensor parallel size"),
+        (("pp_size", "pipeline_parallel_size"), int, "pipeline parallel size"),
+        (("cp_size", "context_parallel_size"), int, "context parallel size"),
+        (("ep_size", "moe_expert_parallel_size"), int, "MoE expert parallel size"),
+        (("cluster_size", "moe_cluster_parallel_size"), int, "MoE cluster parallel size"),
+        (("gpus_per_node",), int, None),
+        (("max_beam_width",), int, None),
+        (("max_batch_size",), int, None),
+        (("max_num_tokens",), int, "tokens one engine step takes (trtllm-serve's default 8192): without "
+                                   "--enable_chunked_prefill, also the longest prompt"),
+        (("max_seq_len",), int, "prompt plus output (default: the model's, 131072 for gpt-oss)"),
+        (("kv_cache_free_gpu_memory_fraction", "free_gpu_memory_fraction"), float, None),
+        (("revision", "hf_revision"), str, None),
+        (("otlp_traces_endpoint",), str, None),
+        (("num_postprocess_workers",), int, "accepted, no meaning here (a notice says why)"),
+        (("reasoning_parser",), str, "accepted, no meaning here: the Harmony parser is ours"),
+        (("tool_parser",), str, "accepted, no meaning here: the Harmony parser is ours"),
+        (("chat_template",), str, "accepted, no meaning here: openai-harmony renders prompts"),
+        (("media_io_kwargs",), str, "accepted, no meaning here: gpt-oss takes text only"),
+        (("metadata_server_config_file",), str, "refused: disaggregated serving"),
+        (("server_role",), str, "refused: disaggregated serving"),
+        (("disagg_cluster_uri",), str, "refused: disaggregated serving"),
+        (("custom_module_dirs",), str, "refused: custom model modules"),
     ):
-        trtllm.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", dest=flag, type=kind, help=help_text)
-    trtllm.add_argument("--trust_remote_code", "--trust-remote-code", dest="trust_remote_code", action="store_true")
+        trtllm.add_argument(*_spellings(*names), dest=names[0], type=kind, help=help_text)
+    for name, help_text in (
+        ("trust_remote_code", None),
+        ("enable_chunked_prefill", "take prompts longer than --max_num_tokens, in chunks (off by default, as "
+                                   "trtllm-serve)"),
+        ("enable_attention_dp", None),
+        ("fail_fast_on_attention_window_too_large", None),
+    ):
+        trtllm.add_argument(*_spellings(name), dest=name, action="store_true", help=help_text)
     trtllm.add_argument("--extra_llm_api_options", "--extra-llm-api-options", "--config", dest="extra_llm_api_options",
-                        type=Path, help="YAML of further tensorrt_llm.LLM arguments")
+                        type=Path, help="YAML of further tensorrt_llm.LLM arguments; it overrides the flags, as "
+                                        "trtllm-serve's does")
+    trtllm.add_argument("--set", dest="settings", action="append", default=[], metavar="PATH=VALUE",
+                        help="one LLM argument, after the YAML (repeatable), e.g. kv_cache_config.enable_block_reuse="
+                             "false")
     trtllm.add_argument("--guided-decoding-backend", "--guided_decoding_backend", dest="guided_decoding_backend",
                         choices=GUIDED_DECODING_BACKENDS,
                         help="the grammar backend that enforces tool_choice and response_format (LLM argument "
@@ -204,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _spellings(*names: str) -> list[str]:
+    """trtllm-serve's underscore spelling of each name, and the dashed one."""
+    return [spelling for name in names for spelling in (f"--{name}", f"--{name.replace('_', '-')}")]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
@@ -216,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _check_capacity(args)
         engine_name = engine_choice(args)
         temporary = choose_store_path(args, engine_name, arguments)
+        _trtllm_flag_notices(args)
         if args.workers > 1:
             from proxy.workers import serve_workers
 
@@ -283,11 +346,12 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
 def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | None = None) -> ServerState:
     """Everything a server process needs; `engine` replaces the one the options name (a worker's remote engine)."""
     vocab = load_vocab()
-    config = _config(args, engine_name)
+    llm_args = trtllm_arguments(args) if engine_name == "trtllm" else None  # once: it says what it decided
+    config = _config(args, engine_name, llm_args)
     if engine is None:
-        engine = _build_engine(engine_name, args, vocab, config)
+        engine = _build_engine(engine_name, args, vocab, config, llm_args)
     metrics = Metrics(config.served_model_name, engine.name, config.max_model_len)
-    engine = AdmittedEngine(engine, admission_queue(args, engine_name, metrics))
+    engine = AdmittedEngine(engine, admission_queue(args, engine_name, metrics, llm_args))
     path = args.store_path or default_store_path()
     try:
         store = None if args.no_store else SQLiteResponseStore(path, metrics.store_operation)
@@ -297,7 +361,7 @@ def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | Non
 
 
 def admission_queue(
-    args: argparse.Namespace, engine_name: str, metrics: Metrics | None = None
+    args: argparse.Namespace, engine_name: str, metrics: Metrics | None = None, llm_args: dict[str, Any] | None = None
 ) -> AdmissionQueue:
     """The admission limits of one server process (with no limit, the queue still counts running requests)."""
     on_change = metrics.admission_changed if metrics is not None else None
@@ -305,7 +369,7 @@ def admission_queue(
     if limit is None:
         if engine_name == "trtllm":
             # One engine serves every worker: its batch is shared among them.
-            batch = trtllm_arguments(args).get("max_batch_size") or TRTLLM_MAX_BATCH_SIZE
+            batch = (llm_args or trtllm_arguments(args)).get("max_batch_size") or TRTLLM_MAX_BATCH_SIZE
             limit = -(-batch // args.workers)
         else:
             limit = DEFAULT_CONCURRENCY
@@ -325,6 +389,16 @@ def _check_capacity(args: argparse.Namespace) -> None:
         raise StartupError("--max-concurrent-requests must be 0 (no limit) or more")
     if args.max_queue is not None and args.max_queue < 0:
         raise StartupError("--max-queue must be 0 or more")
+
+
+def _trtllm_flag_notices(args: argparse.Namespace) -> None:
+    """A notice for each trtllm-serve flag given that means nothing here; an error for one refused."""
+    for flag, reason in TRTLLM_REFUSED.items():
+        if getattr(args, flag) is not None:
+            raise StartupError(f"--{flag} is not supported: {reason}")
+    for flag, reason in TRTLLM_IGNORED.items():
+        if getattr(args, flag) is not None:
+            logger.info("--%s %s accepted and ignored: %s", flag, getattr(args, flag), reason)
 
 
 def engine_choice(args: argparse.Namespace) -> str:
@@ -368,14 +442,14 @@ def _tool_servers(urls: Sequence[str]) -> tuple[str, ...]:
         raise StartupError(f"--tool-server: {exc}") from None
 
 
-def _config(args: argparse.Namespace, engine_name: str) -> ServerConfig:
+def _config(args: argparse.Namespace, engine_name: str, llm_args: dict[str, Any] | None = None) -> ServerConfig:
     model = args.model or args.model_argument
     served = args.served_model_name or (model if engine_name == "trtllm" and model else DEFAULT_MODEL)
     return ServerConfig(
         served_model_name=served,
         reasoning_field=args.reasoning_field,
         default_reasoning_effort=args.default_reasoning_effort,
-        max_model_len=args.max_model_len or args.max_seq_len or DEFAULT_CONTEXT,
+        max_model_len=_context(args, engine_name, llm_args),
         api_key=args.api_key,
         metrics_public=args.metrics_public,
         log_requests=args.log_requests,
@@ -397,12 +471,29 @@ def _reasoning_key(secret: str | None) -> str | None:
     return secret
 
 
-def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab, config: ServerConfig) -> Engine:
+def _context(args: argparse.Namespace, engine_name: str, llm_args: dict[str, Any] | None) -> int:
+    """The context the server advertises: --max-model-len, else what the engine will take (said at start-up)."""
+    if engine_name != "trtllm":
+        return args.max_model_len or args.max_seq_len or DEFAULT_CONTEXT
+    context, longest_prompt = engine_context(llm_args if llm_args is not None else trtllm_arguments(args))
+    chunked = ("chunked prefill on" if longest_prompt == context else
+               "chunked prefill off: --enable_chunked_prefill takes prompts up to the context")
+    logger.info("context %d tokens, prompt plus output (max_seq_len); prompts up to %d tokens (%s)", context,
+                longest_prompt, chunked)
+    if args.max_model_len and args.max_model_len > context:
+        logger.warning("--max-model-len %d is more than the engine's max_seq_len %d: longer requests get a 400 from "
+                       "TensorRT-LLM", args.max_model_len, context)
+    return args.max_model_len or context
+
+
+def _build_engine(
+    name: str, args: argparse.Namespace, vocab: Vocab, config: ServerConfig, llm_args: dict[str, Any] | None = None
+) -> Engine:
     if args.script is not None and name != "scripted":
         raise StartupError("--script is only used with --engine scripted")
     if args.upstream_url and name != "upstream":
         raise StartupError("--upstream-url is only used with --engine upstream")
-    trtllm_flags = [flag for flag in TRTLLM_ONLY if getattr(args, flag) not in (None, False)]
+    trtllm_flags = [flag for flag in TRTLLM_ONLY if getattr(args, flag) not in (None, False, [])]
     if trtllm_flags and name != "trtllm":
         raise StartupError(f"--{trtllm_flags[0]} is only used with --engine trtllm")
     delay = args.token_delay_ms / 1000
@@ -420,13 +511,9 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab, config: Ser
         return UpstreamEngine(vocab, args.upstream_url, args.upstream_model or config.served_model_name,
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
                               args.upstream_read_timeout, args.upstream_guided_decoding, args.upstream_routing)
-    return _trtllm_engine(args, vocab)
-
-
-def _trtllm_engine(args: argparse.Namespace, vocab: Vocab) -> Engine:
     from proxy.engines.trtllm import TrtllmEngine
 
-    return TrtllmEngine(trtllm_arguments(args), vocab)
+    return TrtllmEngine(llm_args if llm_args is not None else trtllm_arguments(args), vocab)
 
 
 def trtllm_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -439,17 +526,11 @@ def trtllm_arguments(args: argparse.Namespace) -> dict[str, Any]:
 
     flags = TrtllmFlags(
         model=args.model or args.model_argument or DEFAULT_MODEL,
-        tokenizer=args.tokenizer,
         backend=args.backend,
-        tp_size=args.tp_size,
-        pp_size=args.pp_size,
-        ep_size=args.ep_size,
-        max_batch_size=args.max_batch_size,
-        max_num_tokens=args.max_num_tokens,
-        max_seq_len=args.max_seq_len,
-        kv_cache_free_gpu_memory_fraction=args.kv_cache_free_gpu_memory_fraction,
-        trust_remote_code=args.trust_remote_code,
         extra_llm_api_options=args.extra_llm_api_options,
         guided_decoding_backend=args.guided_decoding_backend,
+        kv_cache_free_gpu_memory_fraction=args.kv_cache_free_gpu_memory_fraction,
+        flags={dest: getattr(args, dest) for dest in FLAG_ARGUMENTS},
+        settings=list(args.settings),
     )
     return llm_arguments(flags, set(TorchLlmArgs.model_fields.keys()) | {"backend"})

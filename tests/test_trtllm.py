@@ -1,7 +1,8 @@
 """The TensorRT-LLM engine, end to end on the fake TensorRT-LLM of tests/fake_trtllm (no GPU here).
 
-Every test runs on the oldest and the newest API surface the fake mirrors (tensorrt_llm/_surface.py): 1.0, the
-first gpt-oss containers, and 1.2 to 1.3.
+Every test runs on the oldest and the newest API surface the fake mirrors (tensorrt_llm/_surface.py): the
+gpt-oss-dev container (1.0.0rc6) and 2026 main (1.3); tests/test_trtllm_releases.py checks each release's
+differences on all five surfaces.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def test_chat_streaming_and_not_on_the_fake(
 
 @pytest.mark.parametrize("backend", [None, "llguidance"])
 def test_sampling_params_sent_to_tensorrt_llm(
-    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path, backend: str | None
+    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path, backend: str | None, surface: str
 ) -> None:
     folder = model_folder(tmp_path, [ANSWER])
     server = trtllm_server(serve, vocab, folder, guided_decoding_backend=backend)
@@ -103,11 +104,14 @@ def test_sampling_params_sent_to_tensorrt_llm(
     assert {k: sampling[k] for k in ("max_tokens", "temperature", "top_p", "seed", "min_tokens")} == {
         "max_tokens": 300, "temperature": 0.5, "top_p": 0.8, "seed": 7, "min_tokens": 3}
     assert sampling["detokenize"] is False and sampling["include_stop_str_in_output"] is True
-    assert sampling["stop_token_ids"] == [200002, 200012] and sampling["ignore_eos"] is False
+    # ours, then (from 1.2) the generation config's <|endoftext|> that SamplingParams._setup adds, as for trtllm-serve
+    assert sampling["stop_token_ids"] == [200002, 200012] + ([199999] if surface == "newest" else [])
+    assert sampling["ignore_eos"] is False and sampling["end_id"] == 200002
+    assert generate["decoding"] == "sampling" and sampling["top_k"] == 0  # as trtllm-serve's default
     httpx.post(server.base_url + "/v1/chat/completions", json={**ASK, "ignore_eos": True, "max_tokens": 5}, timeout=30)
     ignoring = [e for e in events(folder) if e["event"] == "generate"][-1]["sampling"]
     assert ignoring["ignore_eos"] is True and ignoring["stop_token_ids"] is None
-    assert ignoring["temperature"] == 1.0  # unset: OpenAI's default, not TensorRT-LLM's greedy decoding
+    assert (ignoring["temperature"], ignoring["top_p"], ignoring["top_k"]) == (1.0, 1.0, 0)  # trtllm-serve's
 
 
 def test_the_end_token_tensorrt_llm_leaves_out_is_put_back(
@@ -366,14 +370,17 @@ def test_a_guide_the_backend_refuses_fails_the_request_in_the_fake(
 ) -> None:
     """The fake refuses what the real grammar matchers refuse, so a wrong form could not pass these tests."""
     from tensorrt_llm import LLM, SamplingParams
-    from tensorrt_llm.sampling_params import GuidedDecodingParams
+    from tensorrt_llm.llmapi import GuidedDecodingParams
 
     with pytest.raises(ValueError, match="Only one guide can be used for a request, but got 2"):
         SamplingParams(guided_decoding=GuidedDecodingParams(grammar="start: /x/", json_object=True))
     folder = model_folder(tmp_path, [ANSWER])
     with pytest.raises(ValueError, match="Input should be 'xgrammar' or 'llguidance'"):
         LLM(str(folder), guided_decoding_backend="outlines")
-    speculative = {"guided_decoding_backend": "xgrammar", "speculative_config": {"decoding_type": "Eagle"}}
+    from tensorrt_llm.llmapi.llm_args import DecodingBaseConfig
+
+    eagle = DecodingBaseConfig.from_dict({"decoding_type": "Eagle"})  # as trtllm-serve converts the YAML's dict
+    speculative = {"guided_decoding_backend": "xgrammar", "speculative_config": eagle}
     if surface == "oldest":
         with pytest.raises(ValueError, match="not supported with speculative decoding"):
             LLM(str(folder), **speculative)

@@ -1,7 +1,8 @@
 """The in-process TensorRT-LLM engine: one `tensorrt_llm.LLM` (PyTorch backend) in the server process.
 
-Written against the LLM API of TensorRT-LLM 1.0 to 1.3 (tensorrt_llm/llmapi/llm.py, sampling_params.py,
-executor/result.py):
+Written against the LLM API of TensorRT-LLM from the gpt-oss-dev container (1.0.0rc6) to 1.3
+(tensorrt_llm/llmapi/llm.py, sampling_params.py, executor/result.py), adapting to each release as trtllm-serve
+does (`trtllm_release.py`):
 - `LLM(**arguments)` loads the model; with tensor/expert parallelism it starts TensorRT-LLM's own MPI workers.
 - `generate_async(prompt_token_ids, sampling_params, streaming=True)` is a plain method called on the event
   loop thread; the `RequestOutput` it returns is async-iterated and yields the same object, mutated, each
@@ -13,9 +14,9 @@ executor/result.py):
 - An output constraint travels as `SamplingParams(guided_decoding=GuidedDecodingParams(...))`, enforced by the
   LLM's `guided_decoding_backend`; see `guided_decoding` for the form each backend and release takes.
 
-Both ends of the releases users run are served: 1.0 (the first gpt-oss containers, `release:gpt-oss-dev`,
-August 2025) has no `RequestOutput.cached_tokens` (PR #7637) and no new-form structural tags (PR #7893);
-1.2 to 1.3 have both. Optional fields are read defensively.
+Requests are sampled as trtllm-serve samples them (temperature and top_p 1.0, top_k 0 unless the client set
+them). `RequestOutput.cached_tokens` exists from PR #7637 (merged 2025-10-16: absent on 1.0 and 1.1, read when
+present); new-form structural tags from PR #7893.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import asyncio
 import importlib.metadata
 import json
 import logging
-import re
 import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -32,6 +32,7 @@ from typing import Any
 
 from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
+from proxy.engines.trtllm_release import adapted_arguments, installed_release, release_key, sampling_defaults
 
 logger = logging.getLogger("harmony_proxy.engine")
 
@@ -100,17 +101,8 @@ def _has_format_structural_tags(tensorrt_llm_version: str, xgrammar_version: str
     # PR #7893 upgraded the pinned xgrammar to 0.1.25 and passed structural tags through in one change, so the
     # installed xgrammar tells the form; where it cannot be read, the release: 1.2.0rc0 and later surely have it.
     if xgrammar_version is not None:
-        return _release(xgrammar_version) >= (0, 1, 25, 0)
-    return _release(tensorrt_llm_version) >= (1, 2, 0, 0)
-
-
-def _release(version: str) -> tuple[int, int, int, int]:
-    """(major, minor, patch, rc) of a version string; a final release sorts after its release candidates."""
-    match = re.match(r"(\d+)\.(\d+)\.(\d+)(?:rc(\d+))?", version)
-    if match is None:
-        return 0, 0, 0, 0
-    major, minor, patch, rc = match.groups()
-    return int(major), int(minor), int(patch), int(rc) if rc is not None else 1 << 30
+        return release_key(xgrammar_version) >= (0, 1, 25, 0)
+    return release_key(tensorrt_llm_version) >= (1, 2, 0, 0)
 
 
 def _installed_version(package: str) -> str | None:
@@ -149,29 +141,35 @@ class TrtllmEngine:
         The engine host process (`proxy/engines/host.py`) calls this in its main thread before its event loop
         runs, as trtllm-serve does: TensorRT-LLM's MPI start-up and signal handling assume the main thread.
         """
-        self._llm = self._import_tensorrt_llm().LLM(**self._arguments)
+        tensorrt_llm, arguments = self._import_tensorrt_llm()
+        self._llm = tensorrt_llm.LLM(**arguments)
 
     async def start(self) -> None:
         if self._llm is not None:
             return  # loaded by load()
-        tensorrt_llm = self._import_tensorrt_llm()
+        tensorrt_llm, arguments = self._import_tensorrt_llm()
         # In a server of one process the loop must answer /health meanwhile, so the LLM loads in a side thread.
-        self._llm = await _build_in_thread(lambda: tensorrt_llm.LLM(**self._arguments))
+        self._llm = await _build_in_thread(lambda: tensorrt_llm.LLM(**arguments))
 
-    def _import_tensorrt_llm(self) -> Any:
+    def _import_tensorrt_llm(self) -> tuple[Any, dict[str, Any]]:
+        """TensorRT-LLM, and the LLM arguments adapted to its release (each adaptation said in the log)."""
         import tensorrt_llm
         from tensorrt_llm.executor import RequestError
-        from tensorrt_llm.sampling_params import GuidedDecodingParams
+        from tensorrt_llm.llmapi import GuidedDecodingParams, SamplingParams  # the stable path in every release
 
-        self._sampling_params, self._request_error = tensorrt_llm.SamplingParams, RequestError
+        self._sampling_params, self._request_error = SamplingParams, RequestError
         self._guided_params = GuidedDecodingParams
+        release = installed_release(tensorrt_llm)
         logger.info("loading %s with TensorRT-LLM %s", self._arguments.get("model"), tensorrt_llm.__version__)
+        arguments, notices = adapted_arguments(self._arguments, release)
+        for notice in notices:
+            logger.warning("%s", notice)
         self._guided = guided_decoding(
-            self._arguments.get("guided_decoding_backend"), tensorrt_llm.__version__, _installed_version("xgrammar"),
-            speculative=bool(self._arguments.get("speculative_config")),
+            arguments.get("guided_decoding_backend"), tensorrt_llm.__version__, _installed_version("xgrammar"),
+            speculative=bool(arguments.get("speculative_config")),
         )
         (logger.info if self._guided.field else logger.warning)("%s", self._guided.message)
-        return tensorrt_llm
+        return tensorrt_llm, arguments
 
     async def close(self) -> None:
         self._closing = True
@@ -202,7 +200,7 @@ class TrtllmEngine:
                 usage = Usage(
                     prompt_tokens=len(request.prompt_token_ids),
                     completion_tokens=len(completion.token_ids) + len(restored),
-                    cached_tokens=getattr(output, "cached_tokens", None),  # since PR #7637 (September 2025)
+                    cached_tokens=getattr(output, "cached_tokens", None),  # PR #7637 (2025-10-16): 1.2 on
                 )
                 yield Step(tokens + restored, reason, usage)
                 return
@@ -227,10 +225,13 @@ class TrtllmEngine:
             raise EngineError(f"The TensorRT-LLM engine is not serving: {exc}", status=503) from exc
 
     def _sampling(self, request: GenerationRequest) -> Any:
-        fields = request.sampling.request_fields()  # max_tokens always set: TensorRT-LLM's default is 32
-        # OpenAI's default temperature, as trtllm-serve sends it: newer TensorRT-LLM decodes greedily when no
-        # sampling field is set, and gpt-oss is meant to be sampled at 1.0.
-        fields.setdefault("temperature", 1.0)
+        # max_tokens always set: TensorRT-LLM's default is 32. The sampling fields the client left out are sent as
+        # trtllm-serve sends them: temperature alone would decode greedily before 1.2.
+        fields = sampling_defaults(request.sampling.request_fields())
+        if fields.get("ignore_eos"):
+            # With end_id set, LLM._prepare_sampling_params skips SamplingParams._setup, which from 1.2 adds the
+            # generation config's eos ids (<|call|>, <|endoftext|>) as stop tokens that ignore_eos does not lift.
+            fields["end_id"] = self._vocab.special.return_  # the gpt-oss tokenizer's eos_token_id
         return self._sampling_params(
             **fields,
             detokenize=False,  # we parse token ids; text would be wasted work

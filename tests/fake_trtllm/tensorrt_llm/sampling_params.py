@@ -1,72 +1,13 @@
-"""tensorrt_llm/sampling_params.py: keyword-only, slotted dataclasses; max_tokens defaults to 32.
+"""tensorrt_llm/sampling_params.py: the classes' old home. In 2026 they live in executor/params/sampling.py and
+this path warns that it is going away (`tensorrt_llm.llmapi` is the stable one)."""
 
-`GuidedDecodingParams` is the same in every release since 0.18: five guides, of which a request may set one;
-that is checked by `SamplingParams.__post_init__` (through `_validate`), not by GuidedDecodingParams itself.
-"""
-
-from __future__ import annotations
-
-from dataclasses import dataclass, fields
-from typing import Any
+import warnings
 
 from tensorrt_llm._surface import SURFACE
+from tensorrt_llm.executor.params.sampling import GuidedDecodingParams, SamplingParams
 
+if SURFACE.sampling_params_moved:
+    warnings.warn("tensorrt_llm.sampling_params is deprecated and will be removed; import SamplingParams and "
+                  "GuidedDecodingParams from tensorrt_llm.llmapi", DeprecationWarning, stacklevel=2)
 
-@dataclass(slots=True, kw_only=True)
-class GuidedDecodingParams:
-    json: str | dict[str, Any] | None = None
-    regex: str | None = None
-    grammar: str | None = None  # EBNF for xgrammar, Lark for llguidance
-    json_object: bool = False
-    structural_tag: str | None = None  # a JSON string; xgrammar only
-
-    def _validate(self) -> None:
-        num_guides = sum(bool(getattr(self, f.name)) for f in fields(self))
-        if num_guides > 1:
-            raise ValueError(f"Only one guide can be used for a request, but got {num_guides}.")
-
-
-@dataclass(slots=True, kw_only=True)
-class SamplingParams:
-    end_id: int | None = None
-    pad_id: int | None = None
-    max_tokens: int = 32
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    n: int = 1
-    best_of: int | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    temperature: float | None = None
-    min_tokens: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    if SURFACE.name == "newest":  # fields added after 1.0
-        prompt_ignore_length: int | None = None
-        logprobs_mode: str = "raw"
-    guided_decoding: GuidedDecodingParams | None = None
-    ignore_eos: bool = False
-    detokenize: bool = True
-    add_special_tokens: bool = True
-    skip_special_tokens: bool = True
-
-    def __post_init__(self) -> None:
-        if self.pad_id is None:
-            self.pad_id = self.end_id
-        self.best_of = self.best_of or self.n
-        self._validate()
-
-    def _validate(self) -> None:
-        if SURFACE.checks_sampling_ranges:
-            if self.top_p is not None and not 0 <= self.top_p <= 1:
-                raise ValueError(f"require 0 <= top_p <= 1, got top_p={self.top_p}")
-            if self.top_k is not None and self.top_k < 0:
-                raise ValueError(f"require top_k >= 0, got top_k={self.top_k}")
-            if self.temperature is not None and self.temperature < 0:
-                raise ValueError(f"require temperature >= 0, got temperature={self.temperature}")
-        if self.best_of < self.n:
-            raise ValueError(f"best_of ({self.best_of}) cannot be less than n ({self.n})")
-        if self.guided_decoding is not None:
-            self.guided_decoding._validate()
+__all__ = ["GuidedDecodingParams", "SamplingParams"]

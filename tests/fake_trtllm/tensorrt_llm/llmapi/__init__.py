@@ -1,4 +1,6 @@
+from tensorrt_llm.executor.params.sampling import GuidedDecodingParams, SamplingParams
 from tensorrt_llm.llmapi.llm import LLM, CompletionOutput, RequestOutput
-from tensorrt_llm.sampling_params import GuidedDecodingParams
+from tensorrt_llm.llmapi.llm_args import CapacitySchedulerPolicy, DynamicBatchConfig, SchedulerConfig
 
-__all__ = ["LLM", "CompletionOutput", "GuidedDecodingParams", "RequestOutput"]
+__all__ = ["LLM", "CapacitySchedulerPolicy", "CompletionOutput", "DynamicBatchConfig", "GuidedDecodingParams",
+           "RequestOutput", "SamplingParams", "SchedulerConfig"]

@@ -4,7 +4,7 @@
   `ValueError("LLM got invalid argument: <key>")`; nested configs reject unknown keys.
 - `generate_async(inputs, sampling_params=None, ..., streaming=False)` is a plain method that must be called with
   an event loop running; it raises `RuntimeError("LLM is shutting down")` after `shutdown()`, and `RequestError`
-  for a prompt longer than `max_num_tokens`.
+  for a prompt longer than `max_num_tokens` without `enable_chunked_prefill` (longer than `max_seq_len` with it).
 - The `RequestOutput` is async-iterated and yields the same object each step, mutated; `outputs[0]` has
   cumulative `token_ids`, `token_ids_diff`, `finish_reason`, `stop_reason`. `cached_tokens` is on the output
   only on the newest surface (PR #7637); on the oldest, reading it raises AttributeError as the real class.
@@ -16,6 +16,12 @@
 - One step carries `stream_interval` tokens. The end token (`end_id`, the tokenizer's EOS `<|return|>`) ends with
   `stop` and is left out of `token_ids`; a stop token id ends with `stop`, `stop_reason` set to it, and is
   stripped unless `include_stop_str_in_output`. `ignore_eos` disables the end token only.
+- `generate_async` runs `SamplingParams._setup` when `end_id` is None (from 1.2 it appends the generation config's
+  eos ids, `<|endoftext|>` and `<|call|>`, to the stop tokens) and records which sampler the release's TorchSampler
+  runs for the request (`decoding`: greedy or sampling; 1.0 argmaxes everything without `enable_mixed_sampler`) and
+  whether the request's seed reaches it (`seed_used`, from PR #17172).
+- Arguments are checked per release (llm_args.py): the field set, a `speculative_config` dict (refused before
+  2026: trtllm-serve converts it with `DecodingBaseConfig.from_dict`), `scheduler_config`, MoE backends.
 - `abort()` ends the request with `cancelled`. Prompt prefixes are cached in 32-token blocks.
 - A per-request executor error is raised as `RequestError` from the iteration (a `fail_after` file in the
   model folder makes each request fail after that many tokens).
@@ -34,10 +40,12 @@ from typing import Any, Self
 from tensorrt_llm._surface import SURFACE
 from tensorrt_llm._torch.pyexecutor.grammar_matcher import FACTORIES
 from tensorrt_llm.executor import RequestError
-from tensorrt_llm.llmapi.llm_args import NESTED, TorchLlmArgs, check_guided_decoding, check_nested
-from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.llmapi.llm_args import (NESTED, TorchLlmArgs, check_guided_decoding, check_nested,
+                                          check_scheduler, check_speculative)
+from tensorrt_llm.executor.params.sampling import SamplingParams
 
 TOKENS_PER_BLOCK = 32
+GENERATION_CONFIG_EOS = [200002, 199999, 200012]  # gpt-oss generation_config.json eos_token_id
 
 
 class CompletionOutput:
@@ -119,7 +127,7 @@ class RequestOutput:
                 self._queue.put_nowait(([], "error", f"Guided decoding failed: {type(exc).__name__}: {exc}"))
                 return
         stops = set(params.stop_token_ids or ())
-        end_id = None if params.ignore_eos else llm.end_id
+        end_id = None if params.ignore_eos else params.end_id
         step: list[int] = []
         for done, token in enumerate(script):  # `done` tokens generated before this one
             if done >= params.max_tokens:
@@ -157,6 +165,9 @@ class LLM:
                 raise ValueError(f"LLM got invalid argument: {key}")
         for name in NESTED:
             check_nested(name, kwargs.get(name))
+        check_scheduler(kwargs.get("scheduler_config"))
+        check_speculative(kwargs.get("speculative_config"))
+        self.mixed_sampler = bool(kwargs.get("enable_mixed_sampler"))
         backend = check_guided_decoding(kwargs)
         self._folder = Path(model)
         script = self._folder / "script.jsonl"
@@ -173,6 +184,8 @@ class LLM:
                      "tensor_parallel_size": tensor_parallel_size, **kwargs}
         self.stream_interval = int(kwargs.get("stream_interval") or 1)
         self.max_num_tokens = int(kwargs.get("max_num_tokens") or 8192)
+        self.max_seq_len = int(kwargs.get("max_seq_len") or 131072)  # gpt-oss: max_position_embeddings
+        self.chunked_prefill = bool(kwargs.get("enable_chunked_prefill"))
         self.step_seconds = float(_read(self._folder / "step_seconds", "0"))
         self.fail_after = int(_read(self._folder / "fail_after", "-1"))
         time.sleep(float(_read(self._folder / "load_seconds", "0")))  # loading weights takes a while
@@ -197,16 +210,22 @@ class LLM:
             raise TypeError(f"The sampling_params must be type SamplingParams or None, but got {type(params)}")
         if not (isinstance(inputs, list) and all(isinstance(t, int) for t in inputs)):
             raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
-        if len(inputs) > self.max_num_tokens:
+        if len(inputs) > self.max_seq_len:  # _check_arguments: with or without chunked prefill
+            raise ValueError(f"The sum of prompt length ({len(inputs)}) and query length (0) should not exceed "
+                             f"max_seq_len ({self.max_seq_len})")
+        if not self.chunked_prefill and len(inputs) > self.max_num_tokens:
             raise RequestError(f"The sum of prompt length ({float(len(inputs))}), query length (0) should not "
                                f"exceed max_num_tokens ({self.max_num_tokens})")
+        if params.end_id is None:
+            params._setup(self.end_id, GENERATION_CONFIG_EOS)
         self._next_id += 1
         script = self._scripts[self._next_script % len(self._scripts)]
         self._next_script += 1
         sampling = {name: getattr(params, name) for name in params.__slots__ if name != "guided_decoding"}
         guided = params.guided_decoding
         self._record("generate", request_id=self._next_id, prompt_length=len(inputs), streaming=streaming,
-                     sampling=sampling, guided=guided and {name: getattr(guided, name) for name in guided.__slots__
+                     sampling=sampling, decoding=params.decoding(self.mixed_sampler),
+                     seed_used=params.seed if SURFACE.per_request_seed else None, guided=guided and {name: getattr(guided, name) for name in guided.__slots__
                                                            if getattr(guided, name) not in (None, False)})
         return RequestOutput(self, self._next_id, list(inputs), params, script)
 

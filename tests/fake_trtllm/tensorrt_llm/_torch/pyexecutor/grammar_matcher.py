@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from tensorrt_llm._surface import SURFACE
-from tensorrt_llm.sampling_params import GuidedDecodingParams
+from tensorrt_llm.executor.params.sampling import GuidedDecodingParams
 
 
 def guide_of(params: GuidedDecodingParams) -> tuple[str, Any]:
