@@ -179,3 +179,85 @@ def test_an_old_release_with_xgrammar_serves_constraints_unenforced_and_says_so(
     assert "a call to get_weather required; analysis free, NOT enforced" in output  # and for the request
     assert init_args(folder)["guided_decoding_backend"] == "xgrammar"
     assert [e["guided"] for e in events(folder, "generate")] == [None]
+
+
+TRTLLM_SERVE_SCHEDULER = {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT", "dynamic_batch_config": {
+    "enable_batch_size_tuning": True, "enable_max_num_tokens_tuning": False, "dynamic_batch_moving_average_window": 128}}
+
+
+def test_every_trtllm_serve_flag_is_mapped_or_noticed_and_the_yaml_wins_as_in_trtllm_serve(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, [ANSWER])
+    config = tmp_path / "options.yaml"
+    config.write_text("max_batch_size: 8\nkv_cache_config:\n  enable_block_reuse: false\n")
+    port = free_port()
+    long_prompt = {"model": str(folder), "messages": [{"role": "user", "content": "word " * 300}]}
+    command = [PROXY, "serve", str(folder), "--port", str(port), "--tensor_parallel_size", "2", "--pp_size", "1",
+               "--cp-size", "1", "--moe_expert_parallel_size", "2", "--cluster_size", "1", "--gpus_per_node", "8",
+               "--max_beam_width", "1", "--max_batch_size", "64", "--max_num_tokens", "256", "--max_seq_len", "4096",
+               "--free_gpu_memory_fraction", "0.8", "--hf_revision", "main", "--enable_attention_dp",
+               "--fail_fast_on_attention_window_too_large", "--custom_tokenizer", "o200k", "--otlp_traces_endpoint",
+               "http://127.0.0.1:4318", "--num_postprocess_workers", "2", "--reasoning_parser", "deepseek-r1",
+               "--tool_parser", "qwen3", "--chat_template", "x.jinja", "--media_io_kwargs", "{}",
+               "--num_serve_frontends", "1", "--config", str(config), "--set", "kv_cache_config.dtype=fp8",
+               "--log_level", "info"]
+    process = subprocess.Popen(command, env=fake_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    try:
+        wait_healthy(port, process)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        refused = httpx.post(url, json=long_prompt, timeout=30)  # longer than max_num_tokens, chunked prefill off
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+    finally:
+        output = stop(process)
+    arguments = init_args(folder)
+    assert {key: arguments[key] for key in (
+        "tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size", "moe_expert_parallel_size",
+        "moe_cluster_parallel_size", "gpus_per_node", "max_beam_width", "max_num_tokens", "max_seq_len", "revision",
+        "enable_attention_dp", "fail_fast_on_attention_window_too_large", "custom_tokenizer", "otlp_traces_endpoint",
+    )} == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "context_parallel_size": 1,
+           "moe_expert_parallel_size": 2, "moe_cluster_parallel_size": 1, "gpus_per_node": 8, "max_beam_width": 1,
+           "max_num_tokens": 256, "max_seq_len": 4096, "revision": "main", "enable_attention_dp": True,
+           "fail_fast_on_attention_window_too_large": True, "custom_tokenizer": "o200k",
+           "otlp_traces_endpoint": "http://127.0.0.1:4318"}
+    # the YAML replaces what the flags built, kv_cache_config whole (the flag's 0.8 is gone), then --set
+    assert arguments["max_batch_size"] == 8
+    assert arguments["kv_cache_config"] == {"enable_block_reuse": False, "dtype": "fp8"}
+    assert "overrides the command line's kv_cache_config, max_batch_size" in output
+    assert arguments["scheduler_config"] == TRTLLM_SERVE_SCHEDULER
+    for flag in ("num_postprocess_workers", "reasoning_parser", "tool_parser", "chat_template", "media_io_kwargs"):
+        assert f"--{flag} " in output and "accepted and ignored" in output
+    assert "context 4096 tokens" in output and "prompts up to 256 tokens (chunked prefill off" in output
+    assert "admitting 8 requests at once" in output  # the batch the YAML set
+    assert "trtllm-serve leaves it unset" in output and "--guided-decoding-backend none" in output
+
+
+def test_chunked_prefill_takes_prompts_longer_than_max_num_tokens(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path, [ANSWER])
+    port = free_port()
+    process = subprocess.Popen([PROXY, "serve", str(folder), "--port", str(port), "--max_num_tokens", "64",
+                                "--enable_chunked_prefill"], env=fake_env(tmp_path, "1.1"), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(port, process)
+        body = {"model": str(folder), "messages": [{"role": "user", "content": "word " * 300}]}
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 200
+    finally:
+        output = stop(process)
+    assert init_args(folder)["enable_chunked_prefill"] is True
+    assert "context 131072 tokens" in output and "prompts up to 131072 tokens (chunked prefill on)" in output
+
+
+@pytest.mark.parametrize(("flags", "reason"), [
+    (["--server_role", "CONTEXT"], "disaggregated serving"),
+    (["--custom_module_dirs", "."], "custom model modules"),
+    (["--backend", "pytorch", "--custom_tokenizer", "o200k"], "no LLM argument custom_tokenizer"),
+])
+def test_trtllm_serve_flags_that_cannot_work_here_are_refused_with_the_reason(
+    tmp_path: Path, flags: list[str], reason: str
+) -> None:
+    folder = model_folder(tmp_path, [ANSWER])
+    result = subprocess.run([PROXY, "serve", str(folder), *flags], env=fake_env(tmp_path, "1.2"), capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 2 and reason in result.stderr and "Traceback" not in result.stderr
+    assert not events(folder)

@@ -181,7 +181,7 @@ class LLM:
         self.end_id = vocab.special.return_  # the gpt-oss tokenizer's eos_token_id
         self.guided_decoder = FACTORIES[backend](vocab) if backend else None
         self.args = {"model": str(model), "tokenizer": tokenizer, "trust_remote_code": trust_remote_code,
-                     "tensor_parallel_size": tensor_parallel_size, **kwargs}
+                     "tensor_parallel_size": tensor_parallel_size, "revision": revision, **kwargs}
         self.stream_interval = int(kwargs.get("stream_interval") or 1)
         self.max_num_tokens = int(kwargs.get("max_num_tokens") or 8192)
         self.max_seq_len = int(kwargs.get("max_seq_len") or 131072)  # gpt-oss: max_position_embeddings
