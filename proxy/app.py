@@ -22,6 +22,7 @@ from proxy.metrics import metrics_endpoint
 from proxy.observer import RequestObserver
 from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
 from proxy.responses import conversations
+from proxy.responses.compaction import compact_response
 from proxy.responses.input_tokens import count_input_tokens
 from proxy.responses.routes import (
     cancel_response,
@@ -74,6 +75,7 @@ def create_app(
             Route("/v1/responses", create_response, methods=["POST"]),
             Route("/v1/responses/input_tokens", count_input_tokens, methods=["POST"]),
             WebSocketRoute("/v1/responses", responses_socket),
+            Route("/v1/responses/compact", compact_response, methods=["POST"]),
             Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
             Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
             Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),

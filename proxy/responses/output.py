@@ -51,7 +51,9 @@ class ResponseOutput:
         hosted: HostedTools | None = None,
         max_server_calls: int | None = None,
         seal: Seal | None = None,
+        leading: list[dict[str, Any]] | tuple[()] = (),
     ) -> None:
+        """`leading`: whole items the output begins with (a compaction item), announced with the first events."""
         self._new_id = new_id
         self._seal = seal  # reasoning items carry encrypted_content (include: reasoning.encrypted_content)
         self._max_tool_calls = max_tool_calls
@@ -62,12 +64,18 @@ class ResponseOutput:
         self._awaiting: Item | None = None  # a server call written and waiting for its result
         self._summaries = reasoning_summaries  # also send the reasoning as summary events (LangChain, AI SDK)
         self._reasoning_event = reasoning_event  # OpenAI SDK's name, or the Open Responses spec's response.reasoning
-        self._items: list[Item] = []
+        self._items: list[Item] = [Item(index, body, ItemKind.SERVER_CALL) for index, body in enumerate(leading)]
+        self._unannounced = list(self._items)  # whole items, no target: written as they are
         self._open: Item | None = None  # None also while a call past max_tool_calls is skipped
         self.tool_calls = 0
 
     def add(self, events: Iterable[Event | ToolEvent]) -> list[Payload | TextDelta]:
         payloads: list[Payload | TextDelta] = []
+        if self._unannounced:
+            for item in self._unannounced:
+                payloads += [{"type": "response.output_item.added", "output_index": item.index, "item": item.body},
+                             {"type": "response.output_item.done", "output_index": item.index, "item": item.body}]
+            self._unannounced = []
         pending: list[str] = []  # text for the open item, sent as one delta
         for event in events:
             if type(event) is str:

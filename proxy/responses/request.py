@@ -30,6 +30,7 @@ from proxy.ids import new_id
 from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
 from proxy.responses.client_tools import CLIENT_TOOL_TYPES, read_client_tools
+from proxy.responses.compaction_items import SUMMARY_HEADING, kept_before_compaction, latest_compaction, summary_text
 from proxy.responses.hosted_request import HostedRequest, split_server_tools
 from proxy.responses.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.sealing import Sealer
@@ -42,7 +43,7 @@ from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice,
 _REQUEST = compile_schema(RESPONSES_REQUEST)
 _ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
 _ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_",
-              "additional_tools": "at_", **ID_PREFIXES}
+              "additional_tools": "at_", "compaction": "cmp_", "compaction_trigger": "cmpt_", **ID_PREFIXES}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 # What the model reads in place of an image a tool returned.
 IMAGE_NOTE = "[The tool returned an image here. This model reads text only, so the image is not shown.]"
@@ -298,10 +299,22 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
     # Reasoning before the last user message is not rendered (parsers/render.py): its blobs stay closed.
     last_user = max((position for position, item in enumerate(items)
                      if item["type"] == "message" and item["role"] == "user"), default=-1)
+    compaction = latest_compaction(items)  # what precedes it is in its summary (proxy/responses/compaction_items.py)
     for position, item in enumerate(items):
         where = f"input[{position - first_input}]" if position >= first_input else "previous_response_id"
         kind = item["type"]
-        if kind == "message":
+        if position < compaction and not kept_before_compaction(item):
+            if kind == "function_call":  # an output after the compaction may still answer it
+                calls[item["call_id"]] = ToolCall(item["call_id"], item["name"], item["arguments"],
+                                                  _namespace(item, where))
+            continue
+        if kind == "compaction":
+            summary = summary_text(item, sealer) if position == compaction else None
+            if summary is not None:
+                conversation.append(UserMessage(SUMMARY_HEADING + summary))
+        elif kind == "compaction_trigger":
+            continue  # asks for a compaction (routes); it says nothing to the model
+        elif kind == "message":
             text = "\n".join(part.get("text") or part.get("refusal") or "" for part in item["content"])
             role = item["role"]
             if role == "user":

@@ -55,7 +55,7 @@ def response_object(
         "temperature": body["temperature"] if body.get("temperature") is not None else DEFAULT_TEMPERATURE,
         "reasoning": {"effort": reasoning.get("effort") or request.effort,  # as asked; the Harmony level renders
                       "summary": reasoning.get("summary") or reasoning.get("generate_summary")},
-        "usage": _usage(usage, reasoning_tokens) if usage is not None else None,
+        "usage": usage_object(usage, reasoning_tokens) if usage is not None else None,
         "max_output_tokens": body.get("max_output_tokens"),
         "max_tool_calls": body.get("max_tool_calls"),
         "store": stored,
@@ -73,7 +73,7 @@ def _tool_choice(request: ResponsesRequest) -> Any:
     return {"type": "function", "name": choice.name} if choice.mode == "function" else choice.mode
 
 
-def _usage(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:
+def usage_object(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": usage.prompt_tokens,
         "output_tokens": usage.completion_tokens,

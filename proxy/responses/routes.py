@@ -14,6 +14,8 @@ from proxy.errors import APIError, invalid_request
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request, routing_hints
+from proxy.responses.compaction import compact_first
+from proxy.responses.compaction_items import split_trigger
 from proxy.responses.frames import EventWriter
 from proxy.responses.hosted import HostedTools, offered_builtins
 from proxy.responses.hosted import resolve as resolve_hosted
@@ -68,16 +70,26 @@ async def new_run(state: ServerState, parsed: ResponsesRequest, history: list[di
     """A response to generate, for HTTP and WebSocket alike. `prompt`: its tokens, when the caller rendered
     them (a WebSocket continuation); `watch`: the HTTP request whose client leaving cancels the set-up."""
     response_id = new_id("resp_")
+    items, triggered = split_trigger(items)
+    # Compaction (proxy/responses/compaction.py): the output begins with the compaction item, the prompt ends with it.
+    compacting = compact_first(state, parsed, history, items, triggered)
+    compaction, summarized = await (unless_disconnected(watch, compacting) if watch is not None else compacting)
+    leading = [compaction] if compaction is not None else []
+    if compaction is not None:
+        prompt = None  # a caller's rendering predates the compaction
     events: RunEvents
-    if parsed.hosted:  # tools this server runs: the tool loop (proxy/responses/tool_loop.py)
-        setup = _tool_loop(state, parsed, history, items, response_id)
+    if triggered and summarized is not None:  # Codex's compaction_trigger: the compaction item is the answer
+        output, outcome, events = _output(state, parsed, leading=leading), summarized, _no_events()
+    elif parsed.hosted:  # tools this server runs: the tool loop (proxy/responses/tool_loop.py)
+        setup = _tool_loop(state, parsed, history, [*items, *leading], response_id, leading)
         output, outcome, events = await (unless_disconnected(watch, setup) if watch is not None else setup)
     else:
         if prompt is None:
-            prompt = await state.renderer.render_off_loop(prompt_for(parsed, history, items, state.sealer))
+            prompt = await state.renderer.render_off_loop(
+                prompt_for(parsed, history, [*items, *leading], state.sealer))
         engine_request = _generation(state, parsed, response_id, prompt, _hints(headers, parsed))
         outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
-        output = _output(state, parsed)
+        output = _output(state, parsed, leading=leading)
         events = parsed_events(state.engine, engine_request, state.vocab, outcome,
                                keep_reasoning_tokens=output.seals)
     return ResponseRun(response_id, parsed, items, output, outcome, events, _save(state, parsed))
@@ -119,7 +131,8 @@ def _hints(headers: Mapping[str, str], parsed: ResponsesRequest) -> tuple[str, .
     return routing_hints(headers, body.get("previous_response_id"), conversation, body.get("prompt_cache_key"))
 
 
-def _output(state: ServerState, parsed: ResponsesRequest, hosted: HostedTools | None = None) -> ResponseOutput:
+def _output(state: ServerState, parsed: ResponsesRequest, hosted: HostedTools | None = None,
+            leading: list[dict[str, Any]] | None = None) -> ResponseOutput:
     config = state.config
     limit = parsed.body.get("max_tool_calls")
     return ResponseOutput(
@@ -130,11 +143,13 @@ def _output(state: ServerState, parsed: ResponsesRequest, hosted: HostedTools | 
         hosted=hosted,
         max_server_calls=min(limit, config.max_tool_calls) if limit is not None else config.max_tool_calls,
         seal=state.sealer.seal_reasoning if parsed.sealed_reasoning else None,
+        leading=leading or (),
     )
 
 
 async def _tool_loop(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],
-                     items: list[dict[str, Any]], response_id: str) -> tuple[ResponseOutput, Outcome, RunEvents]:
+                     items: list[dict[str, Any]], response_id: str,
+                     leading: list[dict[str, Any]]) -> tuple[ResponseOutput, Outcome, RunEvents]:
     """Check and list the server-side tools (400, 424), check the first generation (400), and set the loop up.
     Approved calls run first, in the loop, and the prompt is rendered after them."""
     config = state.config
@@ -146,7 +161,7 @@ async def _tool_loop(state: ServerState, parsed: ResponsesRequest, history: list
         if parsed.tool_choice.mode == "none":
             hosted.offer_none()
         approvals = pending_approvals(earlier)
-        output = _output(state, parsed, hosted)
+        output = _output(state, parsed, hosted, leading)
         loop = ToolLoop(state.engine, state.vocab, hosted, sessions, output, response_id, parsed.options,
                         parsed.constraint(), config.max_model_len)
 

@@ -75,6 +75,11 @@ ITEMS: dict[str, dict[str, Any]] = {
         "tools": {"type": "array", "items": {"type": "object"}},
     }),
     "item_reference": _object(["id"], {"type": {"const": "item_reference"}, "id": _STRING}),
+    # Compaction (proxy/responses/compaction_items.py): a summary sealed by this server, and Codex's request for one.
+    "compaction": _object(["encrypted_content"], {
+        "type": {"const": "compaction"}, "id": {"type": ["string", "null"]}, "encrypted_content": _STRING,
+        "created_by": {"type": ["string", "null"]}}),
+    "compaction_trigger": _object([], {"type": {"const": "compaction_trigger"}, "id": {"type": ["string", "null"]}}),
     # Items of the tools the server runs, replayed (proxy/responses/server_items.py).
     **SERVER_ITEMS,
 }
@@ -101,7 +106,6 @@ INCLUDABLE = ["file_search_call.results", "web_search_call.results", "web_search
 # Fields the Responses API documents that this server cannot honour: with a value, a 400 that says why.
 UNSUPPORTED = {
     "prompt": "reusable prompt templates are not supported; send `instructions` and `input`",
-    "context_management": "server-side context management is not supported",
     "moderation": "no moderation model runs here; moderate input and output in your application",
 }
 
@@ -156,9 +160,6 @@ REFUSED_ITEMS = {
     "tool_search_output": "every tool is declared up front here, so there is no tool search",
     "program": "programmatic tool calling is not offered",
     "program_output": "programmatic tool calling is not offered",
-    "compaction": "server-side compaction is not offered here: send the conversation's items, or compact it yourself",
-    "compaction_trigger": "server-side compaction is not offered here: send the conversation's items, or compact it "
-                          "yourself",
     "configuration_update": "send `reasoning` and `text` with the request instead",
     "custom_tool_call": "custom (freeform) tools are not supported yet",
     "custom_tool_call_output": "custom (freeform) tools are not supported yet",
@@ -203,6 +204,9 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
     # the other built-in tools' extras are never produced here, so asking for them includes nothing; logprobs are
     # refused in request.py.
     "include": {"type": ["array", "null"], "items": {"enum": INCLUDABLE}},
+    # Compaction before generating (proxy/responses/compaction.py); a null threshold: 80% of the context window.
+    "context_management": {"type": ["array", "null"], "items": _object(["type"], {
+        "type": {"const": "compaction"}, "compact_threshold": {"type": ["integer", "null"], "minimum": 1}})},
     "user": {"type": ["string", "null"]},
     # Codex's ids of the installation, session, thread and turn: they describe the caller, not the answer.
     "client_metadata": {"type": ["object", "null"]},

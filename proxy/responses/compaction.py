@@ -1,0 +1,117 @@
+"""Compaction by gpt-oss itself: the loaded model summarizes the conversation, and the summary, sealed, becomes a
+`compaction` item that stands for it in later input (proxy/responses/compaction_items.py).
+
+Three ways in, as OpenAI and Codex have them:
+- `POST /v1/responses/compact`: stateless; answers `object: "response.compaction"` with the conversation's user
+  messages and one compaction item;
+- `context_management: [{"type": "compaction", "compact_threshold": N}]` on create: when the rendered input is
+  over N tokens, compact first, then answer from the compacted input; the compaction item comes first in the
+  output;
+- a terminal `{"type": "compaction_trigger"}` input item (Codex): the response is the compaction item alone.
+
+The summary is one generation on the engine: the conversation rendered as for an answer (same system message and
+tools, so the engine's prefix cache serves it), then a user message asking for the summary (`INSTRUCTION`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import replace
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from parsers.events import ItemKind
+from parsers.items import ItemCollector
+from proxy.disconnect import unless_disconnected
+from proxy.engines.base import OutputConstraint
+from proxy.errors import APIError
+from proxy.generation import Outcome, parsed_events
+from proxy.ids import new_id
+from proxy.options import GenerationOptions, generation_request
+from proxy.responses.compaction_items import compaction_item, retained_messages, split_trigger
+from proxy.responses.hosted import offered_builtins
+from proxy.responses.input_tokens import rendered_prompt
+from proxy.responses.request import ResponsesRequest, read_responses_request, resolve
+from proxy.responses.resource import usage_object
+from proxy.state import ServerState
+from tools.definitions import ToolChoice
+
+INSTRUCTION = (
+    "Compact our conversation: write the summary you will continue from, in place of everything above except my "
+    "messages. Keep what you need to go on without them:\n"
+    "- the task: my goal, requirements and constraints, and what done looks like;\n"
+    "- decisions made, and why;\n"
+    "- files read, created or changed (paths, and what changed), and commands run with their outcome;\n"
+    "- tool results still needed, exactly (values, identifiers, error messages);\n"
+    "- open threads: what is unfinished, failing or unverified, and the next steps.\n"
+    "Leave out what no longer matters. Write terse notes, not prose. Do not call tools."
+)
+SUMMARY_MAX_TOKENS = 4096
+DEFAULT_THRESHOLD_SHARE = 0.8  # of the context window, when `compact_threshold` is null
+
+
+async def summarize(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],
+                    items: list[dict[str, Any]]) -> tuple[str, Outcome]:
+    """gpt-oss's summary of the conversation (history then items), and the generation's outcome."""
+    ask = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": INSTRUCTION}]}
+    prompt = await rendered_prompt(state, parsed, history, [*items, ask])
+    left = state.config.max_model_len - len(prompt)
+    options = replace(parsed.options, max_tokens=max(1, min(SUMMARY_MAX_TOKENS, left)))
+    request = generation_request(new_id("cmp_"), prompt, options, OutputConstraint((), ToolChoice("none")),
+                                 state.vocab, state.config.max_model_len, prompt_param="input")
+    outcome = Outcome(prompt_tokens=len(prompt))
+    collector = ItemCollector()
+    async with contextlib.aclosing(parsed_events(state.engine, request, state.vocab, outcome)) as events:
+        async for batch in events:
+            collector.add(batch)
+    failure = outcome.failure()
+    if failure is not None:
+        raise failure
+    # The answer; a model that only thought (or was cut off thinking) still summarized in its thoughts.
+    for kinds in ((ItemKind.FINAL,), (ItemKind.PREAMBLE,), (ItemKind.REASONING,)):
+        text = "\n\n".join(item.text for item in collector.items if item.kind in kinds and item.text.strip())
+        if text:
+            return text.strip(), outcome
+    return "", outcome
+
+
+def threshold(parsed: ResponsesRequest, max_model_len: int) -> int | None:
+    """The rendered input size past which a create request compacts first, or None."""
+    for entry in parsed.body.get("context_management") or []:
+        if entry.get("type") == "compaction":
+            limit = entry.get("compact_threshold")
+            return limit if limit is not None else int(max_model_len * DEFAULT_THRESHOLD_SHARE)
+    return None
+
+
+async def compact_first(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],
+                        items: list[dict[str, Any]], triggered: bool) -> tuple[dict[str, Any] | None, Outcome | None]:
+    """Before a create request generates: the compaction item to answer from (None: no compaction) and the
+    summary's outcome. A compaction_trigger always compacts; `context_management` does past its threshold."""
+    limit = threshold(parsed, state.config.max_model_len)
+    if not triggered and (limit is None or len(await rendered_prompt(state, parsed, history, items)) <= limit):
+        return None, None
+    summary, outcome = await summarize(state, parsed, history, items)
+    return compaction_item(state.sealer, summary), outcome
+
+
+async def compact_response(request: Request) -> Response:
+    """`POST /v1/responses/compact`: stateless, nothing stored."""
+    state: ServerState = request.app.state.harmony
+    config = state.config
+    parsed = await read_responses_request(
+        request, config.default_reasoning_effort, config.served_model_name, state.renderer.tools)
+    state.check_model(parsed.model)
+    parsed.hosted = await offered_builtins(parsed.hosted, state.tool_servers)
+    state.require_ready()
+    history, items = await resolve(parsed, state.responses)
+    items, _ = split_trigger(items)
+    if not history and not items:
+        raise APIError(400, "There is nothing to compact: send `input` or `previous_response_id`.", param="input")
+    summary, outcome = await unless_disconnected(request, summarize(state, parsed, history, items))
+    output = [*retained_messages(history + items), compaction_item(state.sealer, summary)]
+    return JSONResponse({"id": new_id("resp_"), "object": "response.compaction", "created_at": int(time.time()),
+                         "output": output, "usage": usage_object(outcome.usage, outcome.reasoning_tokens)})
