@@ -13,6 +13,7 @@ import gc
 import importlib.util
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -29,6 +30,7 @@ from parsers.vocab import Vocab, VocabError, load_vocab
 from proxy.access_log import LOG_FORMATS, configure_logging
 from proxy.admission import AdmissionQueue, AdmittedEngine
 from proxy.app import create_app
+from proxy.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
 from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
@@ -151,6 +153,24 @@ def build_parser() -> argparse.ArgumentParser:
                           help="requests waiting for a slot, first come first served, before 429s (default: as "
                                "many as --max-concurrent-requests)")
 
+    connections = serve.add_argument_group("connections (slow and idle clients)")
+    connections.add_argument("--request-head-timeout", type=float, default=ConnectionLimits.head_timeout,
+                             metavar="S", help="seconds a connection has to send a complete request head, from "
+                             "connecting or from the end of the keep-alive time after a response; else it is "
+                             "closed (default %(default)s)")
+    connections.add_argument("--request-body-timeout", type=float, default=ConnectionLimits.body_timeout,
+                             metavar="S", help="seconds a request's body may take to arrive after its head; else "
+                             "the connection is closed (default %(default)s). Responses, streams included, are not "
+                             "timed")
+    connections.add_argument("--keep-alive-timeout", type=float, default=ConnectionLimits.keep_alive_timeout,
+                             metavar="S", help="seconds an idle keep-alive connection stays open after a response "
+                             "(uvicorn's timeout_keep_alive; default %(default)s)")
+    connections.add_argument("--max-connections", type=int, metavar="N",
+                             help="open connections per process; past it a new connection closes the one that has "
+                             "waited longest without a request, and is refused (503) only when every one is serving "
+                             "a request (default: 7/8 of the open-file limit, which is raised to 65536 where the "
+                             "hard limit allows; 0: no cap)")
+
     responses = serve.add_argument_group("Responses API")
     responses.add_argument("--store-path", type=Path,
                            help=f"SQLite file of stored responses (default: {default_store_path()}; with the mock "
@@ -269,6 +289,7 @@ def _spellings(*names: str) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level, args.log_format)
+    raise_descriptor_limit()  # --workers processes inherit it
     loop, http = runtime()
     logger.info("event loop %s, HTTP parser %s, %d worker process%s", loop, http, args.workers,
                 "" if args.workers == 1 else "es")
@@ -334,13 +355,24 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     loop, http = runtime()
     if loop == "uvloop":
         loop = "proxy.listener:new_event_loop"  # uvloop that accepts every waiting connection (proxy/listener.py)
+    limits = connection_limits(args)
+    if http == "httptools":
+        http = ConnectionGuard(limits).protocol  # closes slow and idle connections (proxy/connections.py)
     return {"host": args.host, "port": args.port, "loop": loop, "http": http, "log_config": None,
             "log_level": args.log_level, "timeout_graceful_shutdown": args.shutdown_timeout,
+            "timeout_keep_alive": limits.keep_alive_timeout,
             "access_log": False,  # ours (proxy/access_log.py) has the request id, tokens and timings
             # WebSocket (proxy/responses/websocket.py): the websockets library, its pings, and a message as
             # large as an HTTP body may be (a larger one closes the connection with 1009).
             "ws": "websockets-sansio", "ws_ping_interval": args.ws_ping_interval,
             "ws_ping_timeout": args.ws_ping_timeout, "ws_max_size": MAX_BODY_BYTES}
+
+
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    cap = args.max_connections
+    if cap is None:
+        cap = default_max_connections(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    return ConnectionLimits(args.request_head_timeout, args.request_body_timeout, args.keep_alive_timeout, cap)
 
 
 def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | None = None) -> ServerState:
@@ -389,6 +421,10 @@ def _check_capacity(args: argparse.Namespace) -> None:
         raise StartupError("--max-concurrent-requests must be 0 (no limit) or more")
     if args.max_queue is not None and args.max_queue < 0:
         raise StartupError("--max-queue must be 0 or more")
+    if args.max_connections is not None and args.max_connections < 0:
+        raise StartupError("--max-connections must be 0 (no cap) or more")
+    for flag in ("request_head_timeout", "request_body_timeout", "keep_alive_timeout"):
+        _at_least("--" + flag.replace("_", "-"), getattr(args, flag), 0.001)
 
 
 def _trtllm_flag_notices(args: argparse.Namespace) -> None:

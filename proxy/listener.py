@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import socket
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +27,9 @@ import uvloop
 logger = logging.getLogger("harmony_proxy")
 
 MAX_ACCEPTS_PER_WAKE = 1024  # bounded, so a connection flood still lets streams take turns
+# Descriptors left free at the end of a wake: the connections accepted in it are counted against --max-connections
+# (proxy/connections.py) only when they start, so a wake stops early near the limit and lets that shed idle ones.
+_HEADROOM = 64
 
 
 def accept_eagerly(listener: socket.socket, protocol_factory: Callable[[], asyncio.Protocol]) -> Callable[[], None]:
@@ -33,6 +38,8 @@ def accept_eagerly(listener: socket.socket, protocol_factory: Callable[[], async
     duplicate = socket.socket(fileno=os.dup(listener.fileno()))
     duplicate.setblocking(False)
     is_tcp = listener.family in (socket.AF_INET, socket.AF_INET6)
+    soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    ceiling = sys.maxsize if soft_limit == resource.RLIM_INFINITY else soft_limit - _HEADROOM  # lowest free first
 
     def accept_waiting() -> None:
         for _ in range(MAX_ACCEPTS_PER_WAKE):
@@ -47,6 +54,8 @@ def accept_eagerly(listener: socket.socket, protocol_factory: Callable[[], async
             if is_tcp:
                 connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the loop's accept does
             loop.create_task(loop.connect_accepted_socket(protocol_factory, connection))
+            if connection.fileno() >= ceiling:
+                return
 
     loop.add_reader(duplicate.fileno(), accept_waiting)
 

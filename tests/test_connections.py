@@ -1,0 +1,132 @@
+"""Slow and idle connections are closed, open connections are capped, long streams are not touched
+(proxy/connections.py), on the real server process the CLI starts."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import MODEL
+
+ROOT = Path(__file__).resolve().parent.parent
+CAP = 40
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = tmp_path_factory.mktemp("connections")
+    log = folder / "server.log"
+    command = [sys.executable, "-m", "proxy", "serve", "--engine", "mock", "--host", "127.0.0.1", "--port", str(port),
+               "--no-store", "--token-delay-ms", "40", "--request-head-timeout", "1", "--request-body-timeout", "1.5",
+               "--keep-alive-timeout", "0.5", "--max-connections", str(CAP)]
+    with log.open("ab") as output:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the server did not start"
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    yield url
+    process.terminate()
+    process.wait(timeout=30)
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    connection = socket.create_connection((host, int(port)), timeout=5)
+    connection.setblocking(False)
+    return connection
+
+
+def is_closed(connection: socket.socket) -> bool:
+    """Whether the server closed it (what it sent before closing is read and ignored)."""
+    try:
+        while data := connection.recv(65536):
+            del data
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def wait_until_closed(connections: list[socket.socket], seconds: float) -> float:
+    started = time.monotonic()
+    while not all(is_closed(c) for c in connections):
+        if time.monotonic() - started > seconds:
+            break
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_silent_slow_header_and_slow_body_connections_are_closed(server: str) -> None:
+    silent = [connect(server) for _ in range(10)]
+    slow_head = connect(server)
+    slow_head.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    slow_body = connect(server)
+    slow_body.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: 100\r\n\r\n{\"model\":")
+    trickle = connect(server)  # a byte of its head every 0.3 s: never complete
+    started = time.monotonic()
+    for byte in b"GET /health HTTP/1.1\r\n":
+        if is_closed(trickle) or time.monotonic() - started > 4:
+            break
+        trickle.send(bytes([byte]))
+        time.sleep(0.3)
+    took = wait_until_closed([*silent, slow_head, slow_body, trickle], 4)
+    assert all(is_closed(c) for c in [*silent, slow_head, trickle]), "a head that never came"
+    assert is_closed(slow_body), "a body that never came"
+    assert took < 3
+    for connection in [*silent, slow_head, slow_body, trickle]:
+        connection.close()
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_its_response(server: str) -> None:
+    connection = connect(server)
+    connection.send(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    time.sleep(0.2)
+    assert connection.recv(65536).startswith(b"HTTP/1.1 200")
+    assert wait_until_closed([connection], 3) < 2
+    connection.close()
+
+
+def test_idle_sockets_are_shed_before_a_new_client_is_refused(server: str) -> None:
+    idle = [connect(server) for _ in range(CAP * 2)]
+    time.sleep(0.3)
+    # With twice the cap held open, new clients are served all the same: the oldest idle sockets made room.
+    with httpx.Client(base_url=server, timeout=5) as client:
+        for _ in range(5):
+            assert client.get("/health").status_code == 200
+    assert sum(is_closed(c) for c in idle) >= CAP
+    assert sum(is_closed(c) for c in idle[-CAP // 2:]) == 0  # the newest were kept, the oldest shed
+    for connection in idle:
+        connection.close()
+
+
+def test_a_stream_longer_than_every_timeout_is_not_cut(server: str) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a long story " * 10}], "stream": True}
+    started = time.monotonic()
+    with httpx.stream("POST", server + "/v1/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        data = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(frame) for frame in data[:-1]]
+    assert time.monotonic() - started > 2.5  # longer than the head, body and keep-alive timeouts together
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
