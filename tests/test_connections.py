@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import websockets
 
 from tests.conftest import MODEL
 
@@ -130,3 +132,22 @@ def test_a_stream_longer_than_every_timeout_is_not_cut(server: str) -> None:
     chunks = [json.loads(frame) for frame in data[:-1]]
     assert time.monotonic() - started > 2.5  # longer than the head, body and keep-alive timeouts together
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_websocket_idle_longer_than_every_timeout_stays_open(server: str) -> None:
+    """The WebSocket protocol owns an upgraded connection: no request-head deadline follows it there."""
+
+    async def session() -> list[str]:
+        url = server.replace("http://", "ws://") + "/v1/responses"
+        async with websockets.connect(url) as socket_:
+            types = []
+            for pause in (0, 2.5):  # idle longer than the head, body and keep-alive timeouts together
+                await asyncio.sleep(pause)
+                await socket_.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi",
+                                               "store": False}))
+                while (event := json.loads(await asyncio.wait_for(socket_.recv(), 20)))["type"] != "response.completed":
+                    pass
+                types.append(event["type"])
+            return types
+
+    assert asyncio.run(session()) == ["response.completed", "response.completed"]
