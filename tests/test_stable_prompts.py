@@ -2,7 +2,8 @@
 sealed reasoning) gets prompts that each begin with exactly the tokens of the previous prompt and what the model
 generated, so an engine's prefix cache serves them. Harmony itself changes two things once a turn ends in a final
 answer (parsers/render.py): `<|return|>` is written `<|end|>`, and that turn's analysis is dropped; the check
-applies those two rules at the token level, to the tokens the engine really saw and wrote."""
+applies those two rules at the token level, to the tokens the engine really saw and wrote. One compaction in the
+session changes the prefix once: the answer after it starts from the compacted window."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from parsers.vocab import Vocab
 from proxy.engines.playback import PlaybackEngine
+from proxy.responses.compaction import INSTRUCTION
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
 from tests.test_e2e_chat import client_for
@@ -53,19 +55,33 @@ def harmony_continuation(vocab: Vocab, prompt: list[int], generated: list[int]) 
     return head + [token for message in kept for token in message]
 
 
-def test_twenty_stateless_turns_keep_every_prefix(serve: Callable[..., LiveServer], vocab: Any) -> None:
-    turns = 10  # user turns, each a tool call and an answer: 20 requests
-    script = [completion for turn in range(turns) for completion in (tool_call(vocab, turn), answer(vocab, turn))]
-    lines = iter(script)
-    engine = Recording(PlaybackEngine("scripted", lambda request: next(lines)))
+def test_twenty_stateless_turns_keep_every_prefix_but_once_after_a_compaction(
+        serve: Callable[..., LiveServer], vocab: Any) -> None:
+    turns, compact_at = 10, 6  # user turns, each a tool call and an answer: 20 requests, and one compaction
+    script = iter(completion for turn in range(turns) for completion in (tool_call(vocab, turn), answer(vocab, turn)))
+    summary = vocab.encode_harmony("<|channel|>final<|message|>Weather bot; six cities looked up so far.<|return|>")
+    asks_summary = vocab.encode_harmony(f"{INSTRUCTION}<|end|><|start|>assistant")
+    written: list[list[int]] = []
+
+    def author(request: Any) -> list[int]:
+        prompt = request.prompt_token_ids
+        written.append(summary if prompt[-len(asks_summary):] == asks_summary else next(script))
+        return written[-1]
+
+    engine = Recording(PlaybackEngine("scripted", author))
     server = serve(engine=engine, reasoning_key=KEY)
     client = client_for(server)
     conversation: list[dict[str, Any]] = []
     for turn in range(turns):
         conversation.append({"role": "user", "content": f"Weather in {CITIES[turn]}?"})
+        # The client asks for compaction once, as a threshold crossed would (context_management).
+        compacting = {"context_management": [{"type": "compaction", "compact_threshold": 1}]} \
+            if turn == compact_at else {}
         while True:
             response = client.responses.create(model=MODEL, instructions="You are a weather bot.", tools=[WEATHER],
-                                               input=conversation, store=False, include=INCLUDE)
+                                               input=conversation, store=False, include=INCLUDE,
+                                               extra_body=compacting)
+            compacting = {}
             output = [item.model_dump(exclude_none=True) for item in response.output]
             assert all(item["encrypted_content"] for item in output if item["type"] == "reasoning")
             conversation += output
@@ -76,11 +92,16 @@ def test_twenty_stateless_turns_keep_every_prefix(serve: Callable[..., LiveServe
             conversation += [{"type": "function_call_output", "call_id": call["call_id"], "output": f"{turn + 10}C"}
                              for call in calls]
     prompts = [request.prompt_token_ids for request in engine.requests]
-    assert len(prompts) == 2 * turns
-    for step in range(1, len(prompts)):
-        expected = harmony_continuation(vocab, prompts[step - 1], script[step - 1])
-        assert prompts[step][: len(expected)] == expected, f"request {step} does not continue request {step - 1}"
+    assert len(prompts) == 2 * turns + 1 and written.count(summary) == 1
+    summarized = written.index(summary)
+    broken = [step for step in range(1, len(prompts))
+              if prompts[step][: len(expected := harmony_continuation(vocab, prompts[step - 1], written[step - 1]))]
+              != expected]
+    # The summary's own prompt continues the conversation; the answer after it starts from the compacted window.
+    assert broken == [summarized + 1]
+    after = vocab.decode(prompts[summarized + 1])
+    assert "six cities looked up so far" in after and "12C" not in after  # turn 2's tool result is summarized
     # The analysis of the open tool loop is in the prompt as written; an ended turn's is not.
     last = vocab.decode(prompts[-1])
-    assert f"Turn {turns - 1}: the user wants {CITIES[turns - 1]}; call the tool." in last
+    assert f"Turn {turns - 1}: the user wants {CITIES[turns - 1]}; call the to" in last
     assert "Turn 0:" not in last
