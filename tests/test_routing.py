@@ -22,9 +22,13 @@ def tokens(count: int, seed: int) -> list[int]:
     return [rng.randrange(200_000) for _ in range(count)]
 
 
-def send(router: CacheAwareRouter, prompt: list[int], request_id: str, hints: tuple[str, ...] = ()) -> int:
+def send(router: CacheAwareRouter, prompt: list[int], request_id: str, hints: tuple[str, ...] = (),
+         finish: bool = False) -> int:
+    """Route and send a request to the first choice; `finish`: it also ends at once."""
     route = router.route(prompt, hints)
     router.sent(route, route.order[0], request_id)
+    if finish:
+        router.finished(route, route.order[0])
     return route.order[0]
 
 
@@ -47,20 +51,17 @@ def test_a_growing_conversation_stays_on_its_replica_and_new_ones_spread() -> No
     for name, prompt in prompts.items():
         homes[name] = send(router, prompt, f"resp_{name}_0")  # in flight: each new one takes the least loaded
     assert sorted(homes.values()) == [0, 0, 1, 1, 2, 2, 3, 3]
-    for replica in range(4):
-        router.in_flight[replica] = 0
+    router.in_flight = [0] * 4
     # Every conversation keeps its replica as it grows, the load staying even.
     for turn in range(1, 4):
         for name in prompts:
             prompts[name] += tokens(300, 1000 * turn + name)
-            assert send(router, prompts[name], f"resp_{name}_{turn}") == homes[name]
-            router.finished(homes[name])
+            assert send(router, prompts[name], f"resp_{name}_{turn}", finish=True) == homes[name]
 
 
 def test_a_session_hint_decides_between_replicas_that_match_equally() -> None:
     router = CacheAwareRouter(3)
-    first = send(router, tokens(10, 1), "resp_a", ("key:a",))  # shorter than a block: nothing to match on
-    router.finished(first)
+    first = send(router, tokens(10, 1), "resp_a", ("key:a",), finish=True)  # shorter than a block: no match
     for _ in range(5):
         route = router.route(tokens(10, 2), ("resp_a",))
         assert route.order[0] == first
@@ -80,13 +81,12 @@ def test_a_hot_conversation_cannot_pin_one_replica() -> None:
 def test_forgotten_blocks_no_longer_attract_the_prompt() -> None:
     router = CacheAwareRouter(2, cache_blocks=30)
     old = tokens(20 * BLOCK_TOKENS, 1)
-    home = send(router, old, "old")
-    router.finished(home)
+    home = send(router, old, "old", finish=True)
     assert router.route(old).matched_blocks[home] == 20
     for seed in range(3, 6):  # fill the first replica's memory with other prompts
         route = router.route(tokens(20 * BLOCK_TOKENS, seed))
         router.sent(route, home, f"fill{seed}")
-        router.finished(home)
+        router.finished(route, home)
     assert router.route(old).matched_blocks[home] == 0
 
 

@@ -6,15 +6,18 @@ remembers, per replica, the blocks of the prompts sent there (a bounded LRU, as 
 is an approximate router: it needs nothing from the engines (no KV events), at the price of not seeing evictions a
 replica makes on its own; the LRU bound stands in for them.
 
-Each replica is scored by what the request would cost it, in blocks, as NVIDIA Dynamo's KV router does: the blocks
-it would have to prefill plus its load (requests in flight, and a quarter of the requests sent lately, a count that
-decays by half over ~45 requests) times the mean request's blocks. A growing conversation stays where its prefix is; a new one, whose only
-match is the system prompt every conversation shares, goes where the load is lowest. And one hot conversation
-cannot pin a replica: besides its cost, a replica with more than `load_factor` times the mean of the requests in
-flight, plus one, is passed over (bounded-load consistent hashing).
+A prompt's prefix has two parts. What many conversations share (the system prompt, the tools) is found where
+several continuations followed the same block; the router learns those branch points from the prompts it sends.
+Past it, the prompt is its conversation's own: the replica that holds the most of that part is the conversation's
+home, and the request goes there. A new conversation (no part of its own cached anywhere) goes where the load is
+lowest: the requests in flight, plus a quarter of the requests sent lately (decaying by half over ~45 requests),
+so that new conversations spread even when traffic is sequential, rather than all following the replica that saw
+the shared system prompt first. And one hot conversation cannot pin a replica: one with more than `load_factor`
+times the mean of the requests in flight, plus one, is passed over (bounded-load consistent hashing).
 
 Session keys clients send (`previous_response_id`, `prompt_cache_key`, `session-id` headers) are hints: among
-replicas that cost the same (prompts shorter than a block), the replica that served the session last wins.
+replicas that hold equally much of the conversation (prompts shorter than a block, say), the replica that served
+the session last wins.
 """
 
 from __future__ import annotations
@@ -30,8 +33,7 @@ BLOCK_TOKENS = 64  # routing granularity; a match is counted in whole blocks
 # cache miss, never a wrong answer; hashing a sample makes a 100k-token prompt ~4x cheaper to route (~1 ms).
 SAMPLE_STRIDE = 4
 _DECAY = 0.985  # per request sent: a request counts half after ~45 more
-# A request sent lately weighs a quarter of one in flight: it tells where conversations live (and will come back),
-# which spreads new ones even when traffic is sequential, without outweighing a conversation's cached prefix.
+# A request sent lately weighs a quarter of one in flight: it tells where conversations live (and will come back).
 _RECENT_WEIGHT = 0.25
 
 
@@ -67,7 +69,7 @@ class Router(Protocol):
         """The replica took the request (its stream opened): remember it and count it as in flight."""
         ...
 
-    def finished(self, replica: int) -> None:
+    def finished(self, route: Route, replica: int) -> None:
         """A request the replica took has ended."""
         ...
 
@@ -86,7 +88,7 @@ class RoundRobinRouter:
     def sent(self, route: Route, replica: int, request_id: str) -> None:
         pass
 
-    def finished(self, replica: int) -> None:
+    def finished(self, route: Route, replica: int) -> None:
         pass
 
 
@@ -114,30 +116,30 @@ class CacheAwareRouter:
     name = "cache-aware"
 
     def __init__(self, replicas: int, cache_blocks: int = 200_000, sessions: int = 50_000,
-                 load_factor: float = 1.25, block_tokens: int = BLOCK_TOKENS) -> None:
+                 load_factor: float = 1.5, block_tokens: int = BLOCK_TOKENS) -> None:
         self._replicas = replicas
         self._block_tokens = block_tokens
         self._cached = [_LRU(cache_blocks) for _ in range(replicas)]  # block keys sent to each replica
+        self._next = _LRU(cache_blocks)  # block key -> the key of the block that followed it
+        self._shared = _LRU(cache_blocks)  # block keys that more than one continuation followed
         self._sessions = _LRU(sessions)  # hint (session key, response id) -> the replica that served it last
         self._load_factor = load_factor
         self.in_flight = [0] * replicas
-        self.recent = [0.0] * replicas  # requests sent lately, decayed per request sent
-        self._blocks_sent = 0.0  # prompt blocks of the requests sent lately, decayed as `recent` is
+        self.recent = [0.0] * replicas  # requests sent lately, decayed per request
         self._fallback = itertools.count()  # spreads ties when nothing else tells replicas apart
 
     def route(self, prompt: Sequence[int], hints: Sequence[str] = ()) -> Route:
         keys = block_keys(prompt, self._block_tokens)
         matched = {replica: self._matched(replica, keys) for replica in range(self._replicas)}
+        shared = self._shared_blocks(keys)
         hinted = next((replica for hint in hints if (replica := self._sessions.get(hint)) is not None), None)
-        load = [flying + _RECENT_WEIGHT * recent for flying, recent in zip(self.in_flight, self.recent, strict=True)]
         bound = self._load_factor * (sum(self.in_flight) + 1) / self._replicas + 1
         turn = next(self._fallback)
-        sent = sum(self.recent)
-        mean_blocks = self._blocks_sent / sent if sent else 0.0
 
-        def rank(replica: int) -> tuple[bool, float, bool, int]:
-            cost = len(keys) - matched[replica] + load[replica] * mean_blocks
-            return (self.in_flight[replica] + 1 > bound, cost, replica != hinted, (replica - turn) % self._replicas)
+        def rank(replica: int) -> tuple[bool, int, bool, float, int]:
+            load = self.in_flight[replica] + _RECENT_WEIGHT * self.recent[replica]
+            return (self.in_flight[replica] + 1 > bound, -max(0, matched[replica] - shared), replica != hinted, load,
+                    (replica - turn) % self._replicas)
 
         return Route(sorted(range(self._replicas), key=rank), keys, tuple(hints), matched)
 
@@ -153,18 +155,34 @@ class CacheAwareRouter:
                 high = middle - 1
         return low
 
+    def _shared_blocks(self, keys: list[int]) -> int:
+        """How many leading blocks of the prompt other conversations share: up to its last block that several
+        continuations followed, or up to where it leaves a prefix sent before."""
+        shared = 0
+        for index, key in enumerate(keys):
+            following = self._next.get(key)
+            if following is None:
+                break
+            if key in self._shared or (index + 1 < len(keys) and following != keys[index + 1]):
+                shared = index + 1
+        return shared
+
     def sent(self, route: Route, replica: int, request_id: str) -> None:
         cached = self._cached[replica]
         for key in reversed(route.keys):  # a prompt's first blocks most recent: the LRU drops its tail first
             cached.put(key)
+        for key, following in zip(route.keys, route.keys[1:]):
+            known = self._next.get(key)
+            if known is not None and known != following:
+                self._shared.put(key)
+            self._next.put(key, following)
         for hint in (*route.hints, request_id):
             self._sessions.put(hint, replica)
         self.in_flight[replica] += 1
         self.recent = [recent * _DECAY for recent in self.recent]
         self.recent[replica] += 1
-        self._blocks_sent = self._blocks_sent * _DECAY + len(route.keys)
 
-    def finished(self, replica: int) -> None:
+    def finished(self, route: Route, replica: int) -> None:
         self.in_flight[replica] -= 1
 
 

@@ -31,7 +31,7 @@ import httpx
 
 from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
-from proxy.engines.routing import Router, make_router
+from proxy.engines.routing import Route, Router, make_router
 from proxy.engines.upstream_constraints import GuidedDecoding
 
 logger = logging.getLogger("harmony_proxy.engine")
@@ -106,7 +106,7 @@ class UpstreamEngine:
             )
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
-        response, replica = await self._open(self._body(request), request)
+        response, route, replica = await self._open(self._body(request), request)
         url = self._urls[replica]
         try:
             async for step in self._steps(response, url, request):
@@ -118,7 +118,7 @@ class UpstreamEngine:
                 code="upstream_error",
             ) from exc
         finally:
-            self.router.finished(replica)
+            self.router.finished(route, replica)
             await response.aclose()  # closing the stream is how the upstream learns to abort the request
 
     def _body(self, request: GenerationRequest) -> dict[str, Any]:
@@ -136,9 +136,9 @@ class UpstreamEngine:
             **guided,
         }
 
-    async def _open(self, body: dict[str, Any], request: GenerationRequest) -> tuple[httpx.Response, int]:
+    async def _open(self, body: dict[str, Any], request: GenerationRequest) -> tuple[httpx.Response, Route, int]:
         """Send to the replica the router picks; fail over to the others, in its order, while nothing has been
-        received. Returns the open stream and the replica's index."""
+        received. Returns the open stream, the routing decision and the replica's index."""
         if self._client is None:
             raise EngineError("The upstream engine is not started.", status=503)
         route = self.router.route(request.prompt_token_ids, request.routing_hints)
@@ -154,7 +154,7 @@ class UpstreamEngine:
                 continue
             if response.status_code == 200:
                 self.router.sent(route, replica, request.request_id)
-                return response, replica
+                return response, route, replica
             message = await _error_message(response)
             if response.status_code in _RETRY_STATUSES:
                 problems.append(f"{_public(url)}: HTTP {response.status_code} {message}")
