@@ -220,8 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
         (("gpus_per_node",), int, None),
         (("max_beam_width",), int, None),
         (("max_batch_size",), int, None),
-        (("max_num_tokens",), int, "tokens one engine step takes (trtllm-serve's default 8192): without "
-                                   "--enable_chunked_prefill, also the longest prompt"),
+        (("max_num_tokens",), int, ("tokens one engine step takes (trtllm-serve's default 8192): without "
+                                    "--enable_chunked_prefill, also the longest prompt")),
         (("max_seq_len",), int, "prompt plus output (default: the model's, 131072 for gpt-oss)"),
         (("kv_cache_free_gpu_memory_fraction", "free_gpu_memory_fraction"), float, None),
         (("revision", "hf_revision"), str, None),
@@ -239,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
         trtllm.add_argument(*_spellings(*names), dest=names[0], type=kind, help=help_text)
     for name, help_text in (
         ("trust_remote_code", None),
-        ("enable_chunked_prefill", "take prompts longer than --max_num_tokens, in chunks (off by default, as "
-                                   "trtllm-serve)"),
+        ("enable_chunked_prefill", ("take prompts longer than --max_num_tokens, in chunks (off by default, as "
+                                    "trtllm-serve)")),
         ("enable_attention_dp", None),
         ("fail_fast_on_attention_window_too_large", None),
     ):

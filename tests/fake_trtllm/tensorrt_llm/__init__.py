@@ -10,8 +10,8 @@ asked (`events.jsonl` in that folder) so tests in another process can check it.
 """
 
 from tensorrt_llm._surface import SURFACE
-from tensorrt_llm.llmapi.llm import LLM, RequestOutput
 from tensorrt_llm.executor.params.sampling import SamplingParams
+from tensorrt_llm.llmapi.llm import LLM, RequestOutput
 
 __version__ = f"{SURFACE.version} (fake)"
 __all__ = ["LLM", "RequestOutput", "SamplingParams"]

@@ -40,9 +40,15 @@ from typing import Any, Self
 from tensorrt_llm._surface import SURFACE
 from tensorrt_llm._torch.pyexecutor.grammar_matcher import FACTORIES
 from tensorrt_llm.executor import RequestError
-from tensorrt_llm.llmapi.llm_args import (NESTED, TorchLlmArgs, check_guided_decoding, check_nested,
-                                          check_scheduler, check_speculative)
 from tensorrt_llm.executor.params.sampling import SamplingParams
+from tensorrt_llm.llmapi.llm_args import (
+    NESTED,
+    TorchLlmArgs,
+    check_guided_decoding,
+    check_nested,
+    check_scheduler,
+    check_speculative,
+)
 
 TOKENS_PER_BLOCK = 32
 GENERATION_CONFIG_EOS = [200002, 199999, 200012]  # gpt-oss generation_config.json eos_token_id

@@ -152,7 +152,7 @@ def check_scheduler(value: Any) -> None:
                          f"{CAPACITY_SCHEDULER_POLICIES}")
     batch = value.get("dynamic_batch_config")
     if isinstance(batch, dict) and set(batch) - DYNAMIC_BATCH_KEYS:
-        raise ValueError(f"1 validation error for DynamicBatchConfig\n{sorted(set(batch) - DYNAMIC_BATCH_KEYS)[0]}\n"
+        raise ValueError(f"1 validation error for DynamicBatchConfig\n{min(set(batch) - DYNAMIC_BATCH_KEYS)}\n"
                          "  Extra inputs are not permitted")
 
 
