@@ -22,7 +22,7 @@ from proxy.responses.compaction_items import SUMMARY_HEADING
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
 from tests.test_e2e_chat import ANSWER, CALL, client_for
-from tests.test_mcp_loop import stream, validate_response
+from tests.test_mcp_loop import stream, validate_events, validate_response
 from tests.test_sealed_reasoning import INCLUDE, KEY, QUESTION, WEATHER
 
 set_tracing_disabled(True)
@@ -92,6 +92,7 @@ def test_context_management_compacts_past_its_threshold(
     if streamed:
         events = stream(server, body)
         assert [event["type"] for event in events[2:4]] == ["response.output_item.added", "response.output_item.done"]
+        validate_events(events)
         response = events[-1]["response"]
     else:
         response = httpx.post(server.base_url + "/v1/responses", json=body, timeout=30).json()
@@ -168,3 +169,24 @@ def test_openai_agents_compaction_session(serve: Callable[..., LiveServer], voca
     prompts = [vocab.decode(request.prompt_token_ids) for request in engine.requests]
     assert INSTRUCTION in prompts[1]
     assert SUMMARY in prompts[2] and "And tomorrow?" in prompts[2]
+
+
+def test_a_conversation_too_long_to_summarize_whole_loses_its_oldest_work_first(
+        serve: Callable[..., LiveServer], vocab: Any, caplog: pytest.LogCaptureFixture) -> None:
+    engine = Recording(scripted_engine(vocab, [SUMMARIZED]))
+    server = serve(engine=engine, reasoning_key=KEY, max_model_len=1500)
+    items: list[dict[str, Any]] = [QUESTION]
+    for turn in range(8):
+        call = {"type": "function_call", "call_id": f"call_{turn}", "name": "get_weather",
+                "arguments": f'{{"city":"City{turn}"}}'}
+        items += [call, {"type": "function_call_output", "call_id": f"call_{turn}",
+                         "output": f"Output {turn}: " + "sunny and warm " * 80}]
+    client = client_for(server)
+    whole = client.responses.input_tokens.count(model=MODEL, input=items, tools=[WEATHER]).input_tokens
+    assert whole > 1500
+    compacted = client.responses.compact(model=MODEL, input=items, extra_body={"tools": [WEATHER]})
+    assert compacted.output[-1].type == "compaction"
+    prompt = vocab.decode(engine.requests[0].prompt_token_ids)
+    assert len(engine.requests[0].prompt_token_ids) <= 1500 - 375
+    assert QUESTION["content"] in prompt and "Output 7:" in prompt and "Output 0:" not in prompt
+    assert any("oldest" in record.getMessage() for record in caplog.records)

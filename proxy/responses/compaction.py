@@ -16,6 +16,7 @@ tools, so the engine's prefix cache serves it), then a user message asking for t
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import replace
 from typing import Any
@@ -31,7 +32,7 @@ from proxy.errors import APIError
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
 from proxy.options import GenerationOptions, generation_request
-from proxy.responses.compaction_items import compaction_item, retained_messages, split_trigger
+from proxy.responses.compaction_items import compaction_item, kept_before_compaction, retained_messages, split_trigger
 from proxy.responses.hosted import offered_builtins
 from proxy.responses.input_tokens import rendered_prompt
 from proxy.responses.request import ResponsesRequest, read_responses_request, resolve
@@ -50,18 +51,31 @@ INSTRUCTION = (
     "Leave out what no longer matters. Write terse notes, not prose. Do not call tools."
 )
 SUMMARY_MAX_TOKENS = 4096
+MIN_SUMMARY_TOKENS = 1024  # room left for the summary (a quarter of the context window, if that is less)
+TRIM_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_THRESHOLD_SHARE = 0.8  # of the context window, when `compact_threshold` is null
+
+logger = logging.getLogger("harmony_proxy")
 
 
 async def summarize(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],
                     items: list[dict[str, Any]]) -> tuple[str, Outcome]:
     """gpt-oss's summary of the conversation (history then items), and the generation's outcome."""
     ask = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": INSTRUCTION}]}
-    prompt = await rendered_prompt(state, parsed, history, [*items, ask])
-    left = state.config.max_model_len - len(prompt)
-    options = replace(parsed.options, max_tokens=max(1, min(SUMMARY_MAX_TOKENS, left)))
+    window = state.config.max_model_len
+    room = min(MIN_SUMMARY_TOKENS, window // 4)  # what the summary needs at least
+    conversation = [*history, *items]
+    for share in TRIM_SHARES:  # a conversation too long to summarize whole loses its oldest work first
+        kept = _trimmed(conversation, share)
+        prompt = await rendered_prompt(state, parsed, [], [*kept, ask])
+        if len(prompt) + room <= window:
+            break
+    if share:
+        logger.warning("compaction: the conversation did not fit the context with room for a summary; its oldest "
+                       "%d%% of tool calls, outputs and answers were left out of the summary's prompt", share * 100)
+    options = replace(parsed.options, max_tokens=max(1, min(SUMMARY_MAX_TOKENS, window - len(prompt))))
     request = generation_request(new_id("cmp_"), prompt, options, OutputConstraint((), ToolChoice("none")),
-                                 state.vocab, state.config.max_model_len, prompt_param="input")
+                                 state.vocab, window, prompt_param="input")
     outcome = Outcome(prompt_tokens=len(prompt))
     collector = ItemCollector()
     async with contextlib.aclosing(parsed_events(state.engine, request, state.vocab, outcome)) as events:
@@ -76,6 +90,18 @@ async def summarize(state: ServerState, parsed: ResponsesRequest, history: list[
         if text:
             return text.strip(), outcome
     return "", outcome
+
+
+def _trimmed(conversation: list[dict[str, Any]], share: float) -> list[dict[str, Any]]:
+    """The conversation without the oldest `share` of its items, but for messages from the user, instructions
+    and compaction items; an output goes with its call."""
+    cut = int(len(conversation) * share)
+    if not cut:
+        return conversation
+    dropped = {item["call_id"] for item in conversation[:cut] if item["type"] == "function_call"}
+    return [item for position, item in enumerate(conversation)
+            if (position >= cut or kept_before_compaction(item) or item["type"] == "compaction")
+            and not (item["type"] == "function_call_output" and item["call_id"] in dropped)]
 
 
 def threshold(parsed: ResponsesRequest, max_model_len: int) -> int | None:

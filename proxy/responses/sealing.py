@@ -111,7 +111,8 @@ class Sealer:
 
 
 def _refused(kind: str, why: str) -> None:
-    logger.warning("ignored the encrypted_content of a %s item: %s; using its text instead", kind, why)
+    logger.warning("ignored the encrypted_content of a %s item: %s; rendering the item's text, if it has any",
+                   kind, why)
     return None
 
 
