@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route, WebSocketRoute
 
 from proxy.auth import APIKeyMiddleware
+from proxy.browsers import BrowserGuard
 from proxy.chat.routes import chat_completions, tokenize
 from proxy.completions import completions
 from proxy.disconnect import ClientDisconnected, client_gone_handler
@@ -108,6 +110,11 @@ def create_app(
         middleware=[
             Middleware(RequestObserver, metrics=state.metrics, model=state.config.served_model_name,
                        routes=routes, log_requests=state.config.log_requests),
+            Middleware(BrowserGuard, hosts=state.config.allowed_hosts, origins=state.config.allowed_origins),
+            # Outside the API key check: a browser's preflight carries no Authorization.
+            *([Middleware(CORSMiddleware, allow_origins=list(state.config.allowed_origins), allow_methods=["*"],
+                          allow_headers=["*"], expose_headers=["x-request-id", "retry-after"], max_age=600)]
+              if state.config.allowed_origins else []),
             *([Middleware(APIKeyMiddleware, api_key=state.config.api_key, public=public)]
               if state.config.api_key else []),
         ],

@@ -30,6 +30,7 @@ from parsers.vocab import Vocab, VocabError, load_vocab
 from proxy.access_log import LOG_FORMATS, configure_logging
 from proxy.admission import AdmissionQueue, AdmittedEngine
 from proxy.app import create_app
+from proxy.browsers import allowed_hosts
 from proxy.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
 from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
 from proxy.engines.base import Engine
@@ -137,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-requests", action="store_true",
                        help="also log each request's body and headers (prompts included; never Authorization)")
     serve.add_argument("--metrics-public", action="store_true", help="serve /metrics without the --api-key")
+    serve.add_argument("--allowed-hosts", action="append", default=[], metavar="NAME[,NAME...]",
+                       help="host names clients may reach the server by (the Host header; repeatable; * for any); "
+                            "the loopback names and --host always; default: those alone when --host is a loopback "
+                            "address, else any")
+    serve.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN[,ORIGIN...]",
+                       help="browser origins (https://app.example.com) that may call the API, with CORS "
+                            "(repeatable; * for any); requests from other sites' pages are refused (403); default: "
+                            "none but the server's own pages")
 
     capacity = serve.add_argument_group("capacity")
     capacity.add_argument("--workers", "--num_serve_frontends", "--num-serve-frontends", dest="workers", type=int,
@@ -456,6 +465,11 @@ def engine_choice(args: argparse.Namespace) -> str:
     return name
 
 
+def _listed(values: Sequence[str]) -> tuple[str, ...]:
+    """Repeated options, each of which may also be a comma-separated list."""
+    return tuple(item.strip() for value in values for item in value.split(",") if item.strip())
+
+
 def _mcp_allow(prefixes: Sequence[str]) -> tuple[str, ...]:
     try:
         McpAllowList(prefixes)
@@ -488,6 +502,8 @@ def _config(args: argparse.Namespace, engine_name: str, llm_args: dict[str, Any]
         max_model_len=_context(args, engine_name, llm_args),
         api_key=args.api_key,
         metrics_public=args.metrics_public,
+        allowed_hosts=allowed_hosts(args.host, _listed(args.allowed_hosts)),
+        allowed_origins=_listed(args.allowed_origins),
         log_requests=args.log_requests,
         max_tools=args.max_tools,
         max_tools_schema_bytes=args.max_tools_schema_bytes,

@@ -25,6 +25,9 @@ class ServerConfig:
     tool_call_timeout: float = 60.0  # seconds one server-side tool call may take before it is cancelled
     metrics_public: bool = False  # /metrics answers without the API key
     log_requests: bool = False  # log each request's body and headers (never its Authorization)
+    # Host names requests may give (proxy/browsers.py; "*": any); the CLI adds its bind address and --allowed-hosts
+    allowed_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+    allowed_origins: tuple[str, ...] = ()  # browser origins other than the server's own (--allowed-origins; "*": any)
     # The secret sealed blobs (encrypted_content) are keyed from (--reasoning-key); None: a random key per start.
     reasoning_key: str | None = field(default=None, repr=False)
     ws_lifetime: float = 3600.0  # seconds a Responses WebSocket connection lasts (OpenAI's 60 minutes)

@@ -59,7 +59,7 @@ def test_oversized_bodies_are_refused_before_they_are_read(server: LiveServer) -
     import socket
 
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:  # declares 9 MiB, sends 2 bytes
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 9437184\r\n\r\n{}")
         assert sock.recv(4096).startswith(b"HTTP/1.1 413")  # answered at once, not after reading 9 MiB
 
