@@ -36,7 +36,7 @@ from proxy.responses.routes import (
 from proxy.responses.websocket import responses_socket
 from proxy.sse import KeepRawSend
 from proxy.state import ServerState
-from proxy.status import health, list_models, retrieve_model
+from proxy.status import health, list_models, ready, retrieve_model
 
 logger = logging.getLogger("harmony_proxy")
 
@@ -53,9 +53,11 @@ def create_app(
         # --tool-server: listed in the background (logged); a response that needs them waits for the listing.
         listing = asyncio.create_task(state.tool_servers.start()) if state.tool_servers.urls else None
         await _open_background_jobs(state)
+        stop_draining = state.draining.install()
         try:
             yield
         finally:
+            stop_draining()
             for task in (starting, listing):
                 if task is not None:
                     task.cancel()
@@ -69,7 +71,8 @@ def create_app(
             state.metrics.close()
 
     routes: dict[Callable[..., object], str] = {}  # endpoint -> path template, for the observer's labels
-    public = frozenset({"/health", "/metrics"} if state.config.metrics_public else {"/health"}) | PLAYGROUND_PATHS
+    probes = {"/health", "/ready"}
+    public = frozenset(probes | {"/metrics"} if state.config.metrics_public else probes) | PLAYGROUND_PATHS
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -96,6 +99,7 @@ def create_app(
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             *PLAYGROUND_ROUTES,
         ],

@@ -124,10 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int,
                        help=f"context window, prompt plus output (default: --max_seq_len, else {DEFAULT_CONTEXT})")
     serve.add_argument("--api-key", default=os.environ.get("HARMONY_PROXY_API_KEY"),
-                       help="require `Authorization: Bearer KEY` on every route but /health and the playground page "
-                            "(/metrics too, unless --metrics-public; or set HARMONY_PROXY_API_KEY)")
+                       help="require `Authorization: Bearer KEY` on every route but /health, /ready and the playground "
+                            "page (/metrics too, unless --metrics-public; or set HARMONY_PROXY_API_KEY)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="on SIGTERM, seconds running requests may take to finish before they are aborted")
+    serve.add_argument("--drain-seconds", type=float, default=0.0, metavar="SECONDS",
+                       help="on SIGTERM, answer 503 on /ready at once and keep serving this long (for a load "
+                            "balancer to stop sending), then shut down; default %(default)s")
     serve.add_argument("--ws-ping-interval", type=float, default=20.0, metavar="SECONDS",
                        help="WebSocket (/v1/responses): ping the client this often, keeping idle connections open")
     serve.add_argument("--ws-ping-timeout", type=float, default=20.0, metavar="SECONDS",
@@ -505,6 +508,7 @@ def _config(args: argparse.Namespace, engine_name: str, llm_args: dict[str, Any]
         allowed_hosts=allowed_hosts(args.host, _listed(args.allowed_hosts)),
         allowed_origins=_listed(args.allowed_origins),
         log_requests=args.log_requests,
+        drain_seconds=args.drain_seconds,
         max_tools=args.max_tools,
         max_tools_schema_bytes=args.max_tools_schema_bytes,
         reasoning_summary_events=args.reasoning_summary_events,

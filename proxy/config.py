@@ -24,6 +24,7 @@ class ServerConfig:
     max_tool_calls: int = 16  # server-side tool calls one response may run (a request's max_tool_calls may lower it)
     tool_call_timeout: float = 60.0  # seconds one server-side tool call may take before it is cancelled
     metrics_public: bool = False  # /metrics answers without the API key
+    drain_seconds: float = 0.0  # on SIGTERM: not ready (/ready 503), serving on this long, then shut down
     log_requests: bool = False  # log each request's body and headers (never its Authorization)
     # Host names requests may give (proxy/browsers.py; "*": any); the CLI adds its bind address and --allowed-hosts
     allowed_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")

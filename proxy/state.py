@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from parsers.render import Renderer
 from parsers.vocab import Vocab
 from proxy.config import ServerConfig
+from proxy.draining import Draining
 from proxy.engines.base import Engine
 from proxy.errors import APIError, model_not_found
 from proxy.metrics import Metrics
@@ -34,6 +35,7 @@ class ServerState:
     mcp_tool_lists: ToolListCache = field(init=False, default_factory=ToolListCache)  # across response chains
     sealer: Sealer = field(init=False)  # seals and opens encrypted_content (reasoning, compaction)
     started_at: int = field(default_factory=lambda: int(time.time()))
+    draining: Draining = field(init=False)  # SIGTERM: not ready, then shut down (proxy/draining.py)
 
     def __post_init__(self) -> None:
         if self.metrics is None:
@@ -42,6 +44,7 @@ class ServerState:
         self.jobs = BackgroundJobs(self.responses) if self.responses is not None else None
         self.mcp_allow = McpAllowList(self.config.mcp_allow)
         self.tool_servers = ToolServers(self.config.tool_servers)
+        self.draining = Draining(self.config.drain_seconds)
         self.sealer = sealer_from(self.config.reasoning_key)
 
     def check_model(self, model: object) -> None:

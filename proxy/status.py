@@ -1,4 +1,5 @@
-"""`GET /v1/models`, `GET /v1/models/{model}` and `GET /health`."""
+"""`GET /v1/models`, `GET /v1/models/{model}`, `GET /health` (the process serves) and `GET /ready` (send it
+traffic)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,19 @@ async def health(request: Request) -> Response:
     except EngineError as exc:
         raise APIError(503, exc.message, code=exc.code or "engine_unavailable") from None
     return JSONResponse({"status": "ok", "engine": engine.name, "model": state.config.served_model_name})
+
+
+async def ready(request: Request) -> Response:
+    """200 while this replica should be sent requests: the engine loaded and answering, the store reachable, and
+    not draining (proxy/draining.py); else 503 saying which. `/health` stays the liveness check."""
+    state: ServerState = request.app.state.harmony
+    if state.draining.draining:
+        raise APIError(503, "The server is shutting down.", code="draining")
+    await health(request)
+    if state.responses is not None:
+        try:
+            await state.responses.check()
+        except Exception as exc:
+            raise APIError(503, f"The response store is unreachable: {type(exc).__name__}.",
+                           code="store_unavailable") from None
+    return JSONResponse({"status": "ready", "engine": state.engine.name, "model": state.config.served_model_name})

@@ -84,6 +84,10 @@ class ResponseStore(Protocol):
         """Close; jobs still owned are given up, so other processes end them at once."""
         ...
 
+    async def check(self) -> None:
+        """Return when the store answers; raise saying why not (readiness, `GET /ready`)."""
+        ...
+
     # Conversations: a conversation object and its items, in the order they were added. A response saved with
     # `conversation` in its resource adds its input and output items to that conversation when it ends, in the
     # same transaction as its final save.
@@ -203,6 +207,9 @@ class SQLiteResponseStore:
         if self._on_operation is not None:
             self._on_operation(operation, time.perf_counter() - started, True)
         return result
+
+    async def check(self) -> None:
+        await self._run("check", lambda db: db.execute("SELECT 1").fetchone())
 
     async def save(self, record: StoredResponse) -> None:
         def write(db: sqlite3.Connection) -> None:
