@@ -57,9 +57,11 @@ class OutputParser:
         `tool_namespaces`: the client's namespaces besides `functions`, whose messages are tool calls."""
         self._namespaces = namespaces
         self._tool_namespaces = tool_namespaces
-        self._kept: list[int] | None = [] if keep_reasoning_tokens else None  # every token fed, when kept
-        self._fed = 0  # tokens fed before this call
-        self._at = 0  # position, among the tokens fed, of the special token being handled
+        self._kept: list[int] | None = None  # every token fed, when reasoning tokens are kept
+        if keep_reasoning_tokens:
+            self._kept = []
+            self.feed = self._feed_kept  # type: ignore[method-assign]  # the plain feed stays free of the check
+        self._at = 0  # position, among the tokens kept, of the special token being handled
         self._body_start = 0  # where the open item's body begins
         self._token_text = vocab.token_text
         self._token_bytes = vocab.token_bytes
@@ -93,10 +95,6 @@ class OutputParser:
 
     def feed(self, tokens: Sequence[int]) -> list[Event]:
         """Parse newly generated tokens; return the events they complete."""
-        base = self._fed
-        self._fed += len(tokens)
-        if self._kept is not None:
-            self._kept += tokens
         if self._plain_body and len(tokens) == 1:
             # The commonest step of all: one whole-character text token inside a body (engines stream one
             # token per step unless stream_interval > 1). Everything else takes the general loop.
@@ -110,7 +108,9 @@ class OutputParser:
         run: list[str] = []  # body text of the open item in this call, one piece per token
         token_text, text_token_count = self._token_text, self._text_token_count
         in_body, pending = self._mode is _Mode.BODY, self._pending
-        for offset, token in enumerate(tokens):
+        # Where a special token stands among those kept (sealed reasoning): counted outside the body path only.
+        done = len(self._kept) - len(tokens) if self._kept is not None else 0
+        for token in tokens:
             if in_body and token < text_token_count:  # the hot path: a body token
                 piece = token_text[token]
                 if piece is None or pending:
@@ -119,23 +119,29 @@ class OutputParser:
                 run.append(piece)
                 continue
             if run:
+                done += len(run)
                 self._flush(run, events)
                 run = []
             if token < text_token_count:
                 self._header_text(token, events)
             else:
-                self._at = base + offset
+                self._at = done
                 self._special(token, events)
+            done += 1
             in_body, pending = self._mode is _Mode.BODY, self._pending
         if run:
             self._flush(run, events)
         self._plain_body = self._mode is _Mode.BODY and not self._pending
         return events
 
+    def _feed_kept(self, tokens: Sequence[int]) -> list[Event]:
+        self._kept += tokens  # type: ignore[operator]
+        return OutputParser.feed(self, tokens)
+
     def finish(self) -> list[Event]:
         """The generation ended: close an item cut off mid-body, drop a half-written header."""
         events: list[Event] = []
-        self._at = self._fed
+        self._at = len(self._kept) if self._kept is not None else 0
         if self._mode is _Mode.BODY:
             self._close(complete=False, events=events)
         elif self._mode is _Mode.PREFIX:
