@@ -45,8 +45,9 @@ class AssistantMessage:
 class ToolCall:
     call_id: str
     name: str
-    arguments: str
+    arguments: str  # JSON; a custom tool's raw input when `freeform`
     namespace: str | None = None  # a namespace tool's (the client's own, besides `functions`)
+    freeform: bool = False  # a custom tool's call: its input written as is, not as JSON
 
     @property
     def recipient(self) -> str:

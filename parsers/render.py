@@ -268,8 +268,8 @@ class Renderer:
         return [
             *self._open_assistant,
             self._channel,
-            *encode(f"commentary to={call.recipient} "),
-            *self._call_header_end,
+            *(encode(f"commentary to={call.recipient}") + [self._message] if call.freeform else
+              [*encode(f"commentary to={call.recipient} "), *self._call_header_end]),
             *self._encode(call.arguments),
             self._call,
         ]

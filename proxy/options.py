@@ -48,11 +48,11 @@ def response_format(kind: str, json_schema: dict[str, Any] | None, param: str) -
     return ResponseFormat(json_schema["name"], schema, json_schema.get("description") or "", strict)
 
 
-def refuse_tool_choice_types(value: Any) -> None:
-    """tool_choice objects other than a named function (`allowed_tools`, `custom`, `mcp`, built-in tools): a 400
-    naming the type."""
+def refuse_tool_choice_types(value: Any, accepted: tuple[str, ...] = ("function",)) -> None:
+    """tool_choice objects other than a named tool of the `accepted` types (`allowed_tools`, `mcp`, built-in tools;
+    `custom` on Chat Completions): a 400 naming the type."""
     kind = value.get("type") if isinstance(value, dict) else None
-    if isinstance(kind, str) and kind != "function":
+    if isinstance(kind, str) and kind not in accepted:
         raise invalid_request(
             f"tool_choice type {kind!r} is not supported: send only the tools the model may call, with tool_choice "
             "'auto', 'required', 'none' or a function.",

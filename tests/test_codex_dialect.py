@@ -5,20 +5,29 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
+import llguidance
 import pytest
 
 from parsers.events import ItemKind, ItemStarted
 from parsers.stream import OutputParser
+from proxy.engines.base import OutputConstraint
+from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
+from proxy.engines.upstream_constraints import GuidedDecoding
 from proxy.responses.request import IMAGE_NOTE
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
+from tests.grammars import session_matchers
 from tests.test_e2e_chat import ANSWER, client_for
 from tests.test_mcp_loop import validate_events, validate_response
+from tools.definitions import ToolChoice, make_tool
+from tools.freeform import Freeform
 
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=", "detail": "auto"}
 EXEC = {"type": "function", "name": "exec_command", "description": "Run a command.",
@@ -57,7 +66,7 @@ def test_an_image_in_a_user_message_is_still_refused(serve: Callable[..., LiveSe
     assert "text only" in error["message"]
 
 
-# -- namespace tools ----------------------------------------------------------------------------------------------------
+# -- namespace tools ---------------------------------------------------------------------------------------------------
 
 SEARCH = {"type": "function", "name": "search", "description": "Search the docs.",
           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}
@@ -159,3 +168,118 @@ def test_the_parser_reads_a_call_to_a_client_namespace(vocab: Any) -> None:
     assert ItemStarted(1, ItemKind.TOOL_CALL, "search", None, "mcp__docs__") in offered
     assert not any(isinstance(event, ItemStarted) and event.kind is ItemKind.TOOL_CALL
                    for event in OutputParser(vocab).feed(tokens))  # not offered: dropped, never a `functions` call
+
+
+# -- custom (freeform) tools -------------------------------------------------------------------------------------------
+
+APPLY_PATCH_GRAMMAR = (Path(__file__).resolve().parent.parent / "fixtures" / "codex" / "apply_patch.lark").read_text()
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Use the `apply_patch` tool to edit files.",
+               "format": {"type": "grammar", "syntax": "lark", "definition": APPLY_PATCH_GRAMMAR}}  # as Codex has it
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+Hello, world!\n*** End Patch\n"
+PATCH_CALL = ("<|channel|>analysis<|message|>Write the file.<|end|><|start|>assistant<|channel|>commentary "
+              f"to=functions.apply_patch<|message|>{PATCH}<|call|>")
+
+
+def in_grammar(vocab: Any, definition: str, text: str) -> bool:
+    """Whether `text` is a whole sentence of the Lark grammar (llguidance, fed its tokens)."""
+    matcher = llguidance.LLMatcher(session_matchers(vocab).tokenizer(),
+                                   llguidance.LLMatcher.grammar_from_lark(definition), log_level=0)
+    return matcher.consume_tokens(vocab.encode(text)) and matcher.is_accepting()
+
+
+def test_a_custom_tool_call_streams_its_raw_input(serve: Callable[..., LiveServer], vocab: Any) -> None:
+    engine = Recording(scripted_engine(vocab, [PATCH_CALL, ANSWER]))
+    server = serve(engine=engine)
+    events = validated(stream(server, {"input": "Write hello.txt.", "tools": [EXEC, APPLY_PATCH]}))
+    call = events[-1]["response"]["output"][1]
+    assert call == {"id": call["id"], "type": "custom_tool_call", "call_id": call["call_id"], "name": "apply_patch",
+                    "input": PATCH}
+    kinds = [event["type"] for event in events]
+    assert "response.custom_tool_call_input.delta" in kinds and "response.function_call_arguments.delta" not in kinds
+    done = next(event for event in events if event["type"] == "response.custom_tool_call_input.done")
+    assert done["input"] == PATCH and done["item_id"] == call["id"]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.custom_tool_call_input.delta") == PATCH
+    assert events[-1]["response"]["tools"][1] == APPLY_PATCH
+    prompt = vocab.decode(engine.requests[0].prompt_token_ids)
+    assert ("// Use the `apply_patch` tool to edit files.\n// This tool takes raw text, not JSON: write its input as "
+            "the message, as is.\n// Its input follows this Lark grammar:\n// start: begin_patch hunk+ end_patch\n") \
+        in prompt and "type apply_patch = (_: string) => any;" in prompt
+    # the call and its output go back as Codex sends them: the input written as the model wrote it
+    history = [{"role": "user", "content": "Write hello.txt."},
+               {k: v for k, v in call.items() if k != "id"},
+               {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "Done!"}]
+    second = client_for(server).responses.create(model=MODEL, input=history, tools=[EXEC, APPLY_PATCH])
+    assert second.output_text == "It is 18C."
+    assert (f"<|start|>assistant<|channel|>commentary to=functions.apply_patch<|message|>{PATCH}<|call|>"
+            "<|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>Done!<|end|>") \
+        in vocab.decode(engine.requests[1].prompt_token_ids)
+
+
+@pytest.mark.parametrize("body", [
+    PATCH,  # within the grammar: written as planned
+    "*** Begin Patch\n*** Add File: hello.txt\n+Hello, world!\nno plus sign on this line\n*** End Patch\n",
+    "*** Begin Patch\n*** Frobnicate File: hello.txt\n+Hello\n*** End Patch\n",
+])
+def test_the_mock_writes_apply_patch_within_codex_grammar(serve: Callable[..., LiveServer], vocab: Any,
+                                                          body: str) -> None:
+    client = client_for(serve())  # the mock engine: it follows llguidance's masks
+    response = client.responses.create(model=MODEL, tools=[EXEC, APPLY_PATCH], input=f"Please use apply_patch:\n{body}")
+    call = next(item for item in response.output if item.type == "custom_tool_call")
+    assert call.name == "apply_patch"
+    assert in_grammar(vocab, APPLY_PATCH_GRAMMAR, call.input), call.input  # the body cannot leave the grammar
+    assert (call.input == body) == in_grammar(vocab, APPLY_PATCH_GRAMMAR, body)
+    validate_response(response.model_dump(mode="json", exclude_unset=True))
+
+
+def test_regex_and_text_custom_tools_and_a_named_custom_tool_choice(serve: Callable[..., LiveServer],
+                                                                   vocab: Any) -> None:
+    engine = Recording(mock_engine(vocab, matchers=session_matchers(vocab)))
+    client = client_for(serve(engine=engine))
+    digits = {"type": "custom", "name": "pin",
+              "format": {"type": "grammar", "syntax": "regex", "definition": "[0-9]{4}"}}
+    notes = {"type": "custom", "name": "note", "format": {"type": "text"}}
+    response = client.responses.create(model=MODEL, tools=[digits, notes], input="Set the pin 12ab34.",
+                                       tool_choice={"type": "custom", "name": "pin"})
+    call = next(item for item in response.output if item.type == "custom_tool_call")
+    assert call.name == "pin" and re.fullmatch("[0-9]{4}", call.input), call.input
+    assert response.tool_choice.type == "custom" and response.tool_choice.name == "pin"
+    grammar = engine.requests[0].constraint.grammar
+    assert grammar is not None and "a call to pin required" in grammar.summary and not grammar.structural_tag_gaps
+    free = client.responses.create(model=MODEL, tools=[digits, notes], input="Use note: buy milk")
+    call = next(item for item in free.output if item.type == "custom_tool_call")
+    assert (call.name, call.input) == ("note", "buy milk")
+
+
+def test_a_custom_tool_in_a_namespace(serve: Callable[..., LiveServer], vocab: Any) -> None:
+    tools = [{"type": "namespace", "name": "editor", "description": "Editing.", "tools": [APPLY_PATCH]}]
+    engine = Recording(mock_engine(vocab, matchers=session_matchers(vocab)))
+    response = client_for(serve(engine=engine)).responses.create(model=MODEL, tools=tools,
+                                                                 input=f"Please use apply_patch:\n{PATCH}")
+    call = next(item for item in response.output if item.type == "custom_tool_call")
+    assert (call.name, call.namespace, call.input) == ("apply_patch", "editor", PATCH)
+    grammar = engine.requests[0].constraint.grammar
+    assert grammar is not None and '" to=editor.apply_patch"' in grammar.lark and "%lark {" in grammar.lark
+    assert grammar.structural_tag_gaps == "the Lark grammar of custom tool apply_patch"  # said for xgrammar engines
+
+
+@pytest.mark.parametrize(("tool", "param"), [
+    ({**APPLY_PATCH, "format": {"type": "grammar", "syntax": "lark", "definition": "start: }"}},
+     "tools[0].format.definition"),
+    ({**APPLY_PATCH, "format": {"type": "grammar", "syntax": "regex", "definition": "("}},
+     "tools[0].format.definition"),
+    ({**APPLY_PATCH, "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}}, "tools[0].format.syntax"),
+])
+def test_custom_tools_with_a_bad_grammar_are_400s(serve: Callable[..., LiveServer], tool: dict[str, Any],
+                                                  param: str) -> None:
+    response = post(serve(completions=[ANSWER]), {"input": "Hi", "tools": [tool]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_upstreams_get_the_grammar_in_their_dialect_and_say_what_it_leaves_free() -> None:
+    tool = make_tool("apply_patch", "", None, None, "tools[0]", freeform=Freeform("lark", APPLY_PATCH_GRAMMAR))
+    constraint = OutputConstraint((tool,), ToolChoice("required"))
+    fields, free = GuidedDecoding("vllm", "llguidance").fields(constraint)
+    assert "%lark {\n" + APPLY_PATCH_GRAMMAR in fields["structured_outputs"]["grammar"] and free == ""
+    fields, free = GuidedDecoding("sglang", "xgrammar").fields(constraint)  # structural tags take no Lark
+    assert fields["response_format"]["type"] == "structural_tag" and "apply_patch" in free

@@ -32,8 +32,11 @@ from openai.types.chat import (
 )
 from openai.types.chat import completion_create_params as chat_params
 from openai.types.responses import (
+    CustomToolParam,
     EasyInputMessageParam,
     FunctionToolParam,
+    ResponseCustomToolCallOutputParam,
+    ResponseCustomToolCallParam,
     ResponseFunctionToolCallParam,
     ResponseInputContentParam,
     ResponseInputItemParam,
@@ -42,6 +45,7 @@ from openai.types.responses import (
     ResponseOutputTextParam,
     ResponseReasoningItemParam,
     ResponseTextConfigParam,
+    ToolChoiceCustomParam,
     ToolParam,
     namespace_tool_param,
     response_input_item_param,
@@ -49,7 +53,7 @@ from openai.types.responses import (
 from openai.types.responses import response_create_params as responses_params
 from openai.types.responses.namespace_tool_param import NamespaceToolParam
 from openai.types.responses.response_input_item_param import FunctionCallOutput
-from openai.types.shared_params import FunctionDefinition, Reasoning
+from openai.types.shared_params import FunctionDefinition, Reasoning, custom_tool_input_format
 from openai.types.shared_params.response_format_json_schema import JSONSchema
 
 from parsers.vocab import Vocab
@@ -78,6 +82,9 @@ PREVIOUS = "<the id of a stored response>"  # replaced when sent
 CONVERSATION = "<the id of a new conversation>"  # replaced when sent
 NAMESPACE = {"type": "namespace", "name": "crm", "description": "The CRM.", "tools": []}
 ADDITIONAL = {"type": "additional_tools", "role": "developer", "tools": [TOOL]}
+CUSTOM = {"type": "custom", "name": "apply_patch"}
+CUSTOM_CALL = {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch", "input": "*** Begin Patch"}
+CUSTOM_OUTPUT = {"type": "custom_tool_call_output", "call_id": "call_2", "output": "done"}
 
 
 @dataclass(frozen=True)
@@ -221,6 +228,32 @@ SURFACES = [
         {"type": "function", "name": "get_weather", "parameters": SCHEMA, "strict": True,
          "description": "Weather now.", "allowed_callers": ["direct"], "async": False, "defer_loading": True,
          "output_schema": {"type": "object", "properties": {"degrees": {"type": "number"}}}},
+    ),
+    Surface(
+        "custom tool", CustomToolParam, RESPONSES, CUSTOM, lambda tool: {"input": "Hi", "tools": [tool]},
+        {**CUSTOM, "description": "Edit files.", "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"},
+         "allowed_callers": ["direct"], "async": False, "defer_loading": True},
+    ),
+    Surface(
+        "custom tool grammar", custom_tool_input_format.Grammar, RESPONSES,
+        {"type": "grammar", "syntax": "lark", "definition": 'start: "x"'},
+        lambda grammar: {"input": "Hi", "tools": [{**CUSTOM, "format": grammar}]},
+        {"type": "grammar", "syntax": "lark", "definition": 'start: "x"+'},
+    ),
+    Surface(
+        "custom tool call item", ResponseCustomToolCallParam, RESPONSES, CUSTOM_CALL,
+        lambda call: {"input": [QUESTION, call, CUSTOM_OUTPUT]},
+        {**CUSTOM_CALL, "id": "ctc_1", "caller": {"type": "direct"}, "namespace": "crm", "async": False},
+    ),
+    Surface(
+        "custom tool call output item", ResponseCustomToolCallOutputParam, RESPONSES, CUSTOM_OUTPUT,
+        lambda output: {"input": [QUESTION, CUSTOM_CALL, output]},
+        {**CUSTOM_OUTPUT, "output": [{"type": "input_text", "text": "done"}], "id": "ctco_1",
+         "caller": {"type": "direct"}},
+    ),
+    Surface(
+        "tool_choice custom", ToolChoiceCustomParam, RESPONSES, {"type": "custom", "name": "apply_patch"},
+        lambda choice: {"input": "Hi", "tools": [CUSTOM], "tool_choice": choice}, {"type": "custom", "name": "apply_patch"},
     ),
     Surface(
         "additional_tools item", response_input_item_param.AdditionalTools, RESPONSES, ADDITIONAL,
@@ -419,17 +452,18 @@ class Kinds:
 
 KINDS = [
     Kinds("responses tools", ToolParam, RESPONSES,
-          frozenset({"function", "namespace", "mcp", "web_search", "web_search_2025_08_26", "web_search_preview",
+          frozenset({"function", "custom", "namespace", "mcp", "web_search", "web_search_2025_08_26", "web_search_preview",
                      "web_search_preview_2025_03_11", "code_interpreter"}),
           lambda kind: {"input": "Hi", "tools": [{"type": kind}]}, "tools[0].type"),
     Kinds("responses input items", ResponseInputItemParam, RESPONSES,
           frozenset({"message", "reasoning", "function_call", "function_call_output", "item_reference", "additional_tools",
+                     "custom_tool_call", "custom_tool_call_output",
                      "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response", "web_search_call",
                      "code_interpreter_call", "compaction", "compaction_trigger"}),
           lambda kind: {"input": [QUESTION, {"type": kind}]}, "input[1].type"),
     Kinds("responses content parts", ResponseInputContentParam, RESPONSES, frozenset({"input_text"}),
           lambda kind: {"input": [{"role": "user", "content": [{"type": kind}]}]}, "input[0].content[0]"),
-    Kinds("responses tool_choice", responses_params.ToolChoice, RESPONSES, frozenset({"function"}),
+    Kinds("responses tool_choice", responses_params.ToolChoice, RESPONSES, frozenset({"function", "custom"}),
           lambda kind: {"input": "Hi", "tools": [TOOL], "tool_choice": {"type": kind}}, "tool_choice.type"),
     Kinds("chat tools", ChatCompletionToolUnionParam, CHAT, frozenset({"function"}),
           lambda kind: chat([QUESTION], tools=[{"type": kind}]), "tools[0].type"),

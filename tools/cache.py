@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from tools import typescript
+from tools import freeform, typescript
 from tools.definitions import FunctionTool, ToolError, declaration_key, make_tool
 
 K = TypeVar("K", bound=Hashable)
@@ -76,7 +76,8 @@ class BoundedCache(Generic[K, V]):
             return CacheStats(self._hits, self._misses, len(self._entries), self._weight)
 
 
-# name, description, parameters, strict: as the request sent them; then optionally the namespace (checked)
+# name, description, parameters, strict: as the request sent them; then optionally the namespace (checked) and a
+# custom tool's Freeform format
 Declaration = tuple[Any, ...]
 
 
@@ -142,7 +143,10 @@ class ToolDeclarations:
     def declaration(self, tool: FunctionTool) -> str:
         text = self._texts.get(tool.key)
         if text is None:
-            text = typescript.declaration(tool.name, tool.description, tool.parameters)
+            if tool.freeform is not None:
+                text = freeform.declaration(tool.name, tool.description, tool.freeform)
+            else:
+                text = typescript.declaration(tool.name, tool.description, tool.parameters)
             self._texts.put(tool.key, text, len(text))
         return text
 

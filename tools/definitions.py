@@ -10,6 +10,7 @@ from functools import cached_property
 from typing import Any
 
 from parsers.vocab import has_long_run
+from tools.freeform import Freeform, format_error
 from tools.schema_check import enforcement, schema_error, unresolved_ref
 
 # OpenAI allows letters, digits, '_' and '-'; gpt-oss tool names with dots round-trip too (vLLM #51977).
@@ -41,11 +42,13 @@ class FunctionTool:
     parameters: dict[str, Any] | None = None  # a JSON Schema; None when the function takes no arguments
     strict: bool | None = None
     namespace: str | None = None  # a client's namespace tool it belongs to; None: the `functions` namespace
+    freeform: Freeform | None = None  # a custom tool: raw text input in this format, not JSON arguments
 
     @cached_property
     def key(self) -> str:
         """The declaration as canonical JSON: what caches of per-tool work are keyed by."""
-        return declaration_key(self.name, self.description, self.parameters, self.strict, self.namespace)
+        return declaration_key(self.name, self.description, self.parameters, self.strict, self.namespace,
+                               self.freeform)
 
     @property
     def recipient(self) -> str:
@@ -53,9 +56,14 @@ class FunctionTool:
         return f"{self.namespace or 'functions'}.{self.name}"
 
 
-def declaration_key(name: Any, description: Any, parameters: Any, strict: Any, namespace: Any = None) -> str:
+def declaration_key(name: Any, description: Any, parameters: Any, strict: Any, namespace: Any = None,
+                    freeform: Freeform | None = None) -> str:
     """Equal for declarations that make equal tools; key order kept (the rendered declaration follows it)."""
-    fields = [name, description or "", parameters, strict] + ([namespace] if namespace is not None else [])
+    fields = [name, description or "", parameters, strict]
+    if namespace is not None or freeform is not None:
+        fields.append(namespace)
+    if freeform is not None:
+        fields += [freeform.syntax, freeform.definition]
     return json.dumps(fields, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -77,13 +85,19 @@ class ToolChoice:
 
     @property
     def forces_call(self) -> bool:
-        return self.mode in ("required", "function")
+        return self.mode in ("required", "function", "custom")
+
+    @property
+    def names_tool(self) -> bool:
+        """`function` or `custom`: the one tool `name` must be called."""
+        return self.mode in ("function", "custom")
 
 
 def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: str,
-              namespace: str | None = None) -> FunctionTool:
+              namespace: str | None = None, freeform: Freeform | None = None) -> FunctionTool:
     """Check one function declaration; `param` is its path in the request, for error messages; `namespace` (checked
-    by the caller, `namespace_error`) the client's namespace tool it belongs to."""
+    by the caller, `namespace_error`) the client's namespace tool it belongs to; `freeform` a custom tool's input
+    format (its grammar checked here)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ToolError(
             f"Invalid function name {name!r}: use 1 to 128 letters, digits, '_', '-' or '.'", f"{param}.name"
@@ -111,7 +125,14 @@ def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: 
         problem = enforceability_error(parameters, strict is True)
         if problem is not None:
             raise ToolError(f"Invalid schema for function {name!r}: {problem}", f"{param}.parameters")
-    return FunctionTool(name, description or "", parameters, strict, namespace)
+    if freeform is not None and freeform.constrained:
+        if has_long_run(freeform.definition):
+            raise ToolError("The grammar has a run of over 1,000 characters without a break.",
+                            f"{param}.format.definition")
+        problem = format_error(freeform.syntax, freeform.definition)
+        if problem is not None:
+            raise ToolError(f"Invalid format for custom tool {name!r}: {problem}.", f"{param}.format.definition")
+    return FunctionTool(name, description or "", parameters, strict, namespace, freeform)
 
 
 def enforceability_error(schema: dict[str, Any], strict: bool) -> str | None:
@@ -156,5 +177,7 @@ def check_unique(tools: Sequence[FunctionTool], param: str | Callable[[int], str
 def check_choice(choice: ToolChoice, tools: Sequence[FunctionTool], param: str) -> None:
     if choice.mode == "required" and not tools:
         raise ToolError("tool_choice 'required' needs at least one tool in `tools`.", param)
-    if choice.mode == "function" and choice.name not in {tool.name for tool in tools}:
+    if choice.mode == "function" and choice.name not in {tool.name for tool in tools if tool.freeform is None}:
         raise ToolError(f"tool_choice names function {choice.name!r}, which is not in `tools`.", param)
+    if choice.mode == "custom" and choice.name not in {tool.name for tool in tools if tool.freeform is not None}:
+        raise ToolError(f"tool_choice names custom tool {choice.name!r}, which is not in `tools`.", param)

@@ -17,6 +17,10 @@ The grammar covers the whole Harmony completion, everything the model writes aft
 - A final answer: `<|channel|>final<|message|>BODY`, then `<|return|>`, which is the EOS token of the tokenizer
   the grammar is compiled with (llguidance allows EOS exactly where the grammar is complete and can never match
   the EOS token as a grammar literal). BODY is JSON with a response format, free text otherwise.
+- A custom (freeform) tool's call: the same headers, then its raw input, held to its Lark grammar (nested as
+  `%lark { ... }`) or regex, or free text (tools/freeform.py). A custom tool with a grammar constrains the completion
+  as a strict tool does. xgrammar's structural tag takes the regex, but has no form for Lark: that input is free
+  there (`OutputGrammar.structural_tag_gaps`, logged by the engines that send the tag).
 - One call per completion: `<|call|>` is a stop token, so a Harmony turn holds one call whatever
   `parallel_tool_calls` says; gpt-oss makes parallel calls as successive completions (see `output_grammar`).
 - Preambles (recipient-less commentary, shown to the user as content) may precede a call or a free final
@@ -34,6 +38,7 @@ from typing import Any
 
 from parsers.conversation import ResponseFormat
 from tools.definitions import FunctionTool, ToolChoice
+from tools.freeform import Freeform
 from tools.schema_check import enforcement, grammar_options
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -48,6 +53,7 @@ class OutputGrammar:
     structural_tag: dict[str, Any]  # xgrammar's structural tag (the `{"type": "structural_tag", "format": ...}` form)
     summary: str  # one line for logs, e.g. "a call to get_weather required; analysis free"
     key: str  # a content hash: equal grammars, equal keys (compile caches use it)
+    structural_tag_gaps: str = ""  # what the structural tag leaves free ('' when nothing): Lark custom-tool grammars
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ class _Call:
     recipient: str  # `functions.NAME`, or `NS.NAME` for a member of the client's namespace tool
     schema: dict[str, Any]
     strict: bool  # unsupported keywords are errors, not ignored
+    freeform: Freeform | None = None  # a custom tool: its body is raw text in this format, not JSON
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,9 @@ def output_grammar(
     if plan is None:
         return None
     lark = _lark(plan)
-    return OutputGrammar(lark, _structural_tag(plan), plan.summary, hashlib.sha256(lark.encode()).hexdigest())
+    gaps = [call.name for call in plan.calls if call.freeform is not None and call.freeform.structural_tag() is None]
+    return OutputGrammar(lark, _structural_tag(plan), plan.summary, hashlib.sha256(lark.encode()).hexdigest(),
+                         f"the Lark grammar of custom tool {', '.join(gaps)}" if gaps else "")
 
 
 def arguments_schema(tool: FunctionTool, enforce: bool) -> dict[str, Any]:
@@ -106,14 +115,17 @@ def with_options(schema: dict[str, Any], strict: bool) -> dict[str, Any]:
 
 def _plan(tools: Sequence[FunctionTool], choice: ToolChoice, response_format: ResponseFormat | None) -> _Plan | None:
     callable_tools = [] if choice.mode == "none" else list(tools)
-    if choice.mode == "function":
-        callable_tools = [tool for tool in callable_tools if tool.name == choice.name]
+    if choice.names_tool:
+        custom = choice.mode == "custom"
+        callable_tools = [tool for tool in callable_tools
+                          if tool.name == choice.name and (tool.freeform is not None) == custom]
     forced = choice.forces_call and bool(callable_tools)
-    strict = [tool for tool in callable_tools if tool.strict]
+    strict = [tool for tool in callable_tools if tool.strict or (tool.freeform is not None and tool.freeform.constrained)]
     if not forced and response_format is None and not strict:
         return None
     calls = tuple(
-        _Call(tool.name, tool.recipient, arguments_schema(tool, forced or bool(tool.strict)), bool(tool.strict))
+        _Call(tool.name, tool.recipient, arguments_schema(tool, forced or bool(tool.strict)), bool(tool.strict),
+              tool.freeform)
         for tool in callable_tools
     )
     if forced:
@@ -128,8 +140,10 @@ def _plan(tools: Sequence[FunctionTool], choice: ToolChoice, response_format: Re
     else:
         final_schema, final_strict = None, False
         parts.append("final answer free")
-    if strict:
-        parts.append("strict arguments for " + ", ".join(tool.name for tool in strict))
+    if any(tool.freeform is None for tool in strict):
+        parts.append("strict arguments for " + ", ".join(tool.name for tool in strict if tool.freeform is None))
+    if any(tool.freeform is not None for tool in strict):
+        parts.append("input grammars of " + ", ".join(tool.name for tool in strict if tool.freeform is not None))
     if calls:
         parts.append("calls to declared tools only")
     final = "json" if final_schema is not None else "text"
@@ -179,6 +193,10 @@ def _lark(plan: _Plan) -> str:
         for index, call in enumerate(plan.calls):
             recipient = _literal(f" to={call.recipient}")
             header = f"(<|channel|> CHANNEL {recipient} | {recipient} <|channel|> CHANNEL) content_type?"
+            if call.freeform is not None:  # a custom tool: its raw input, held to its grammar
+                lines += [f"call_{index}: {header} <|message|> args_{index} <|call|>?",
+                          f"args_{index}: {call.freeform.lark_rule()}"]
+                continue
             lines += [
                 f"call_{index}: {header} <|message|> LEAD_SPACE? args_{index} <|call|>?",
                 f"args_{index}: %json {_json(with_options(call.schema, call.strict))}",
@@ -229,7 +247,10 @@ def _call_format(call: _Call) -> dict[str, Any]:
     # `<|call|>` or nothing: an engine that counts <|call|> among its grammar's stop tokens cannot match it as text
     # (the structure ends and its stop tokens close it); one that does not writes it here.
     end = _one_of([_const("<|call|>"), _const("")])
-    return _sequence(_one_of(headers), {"type": "json_schema", "json_schema": call.schema}, end)
+    body: dict[str, Any] = {"type": "json_schema", "json_schema": call.schema}
+    if call.freeform is not None:  # a Lark grammar has no structural-tag form: free text (OutputGrammar's gaps)
+        body = call.freeform.structural_tag() or {"type": "any_text"}
+    return _sequence(_one_of(headers), body, end)
 
 
 def _tag(begin: str, content: dict[str, Any], end: str) -> dict[str, Any]:

@@ -34,6 +34,8 @@ logger = logging.getLogger("harmony_proxy.engine")
 _EFFORT = re.compile(r"^Reasoning: (\w+)$", re.MULTILINE)
 # Past the planned tokens, how many more a constrained completion may take to reach the end of its grammar.
 _MAX_REPAIR_TOKENS = 512
+# How far ahead in its plan the mock looks for a token the grammar allows, when the next one is forbidden.
+_RESYNC_TOKENS = 32
 # What the mock falls back on where the grammar forbids its plan, best first: endings, then small JSON values.
 _FALLBACK_TEXTS = ('"}', "}", '"', "]", "0", "null", "true", ",", ":", "{", "[", "a")
 
@@ -79,6 +81,15 @@ class MockModel:
             mask = matcher.compute_bitmask()
             wanted = planned[position] if position < len(planned) else None
             position += 1
+            if wanted is not None and not _allowed(mask, wanted):
+                # Off the grammar: pick the plan up again at its next token the grammar allows, if one is near
+                # (a line a freeform grammar forbids is skipped), as a model steered back would.
+                ahead = next((at for at in range(position, min(position + _RESYNC_TOKENS, len(planned)))
+                              if _allowed(mask, planned[at])), None)
+                if ahead is not None:
+                    logger.debug("mock engine: the grammar forbids token %d; went on at planned token %d", wanted,
+                                 ahead)
+                    wanted, position = planned[ahead], ahead + 1
             if wanted is not None and _allowed(mask, wanted):
                 token = wanted
             else:
@@ -135,6 +146,14 @@ class MockModel:
             return self._analysis(f"{about} The last message is the result of {name}; summarize it.") + self._final(
                 summary, answer_format
             )
+        if tool is not None and tool.freeform is not None:  # a custom tool: what follows its name, as raw input
+            harmony = self._vocab.encode_harmony
+            return (
+                self._analysis(f"{about} Calling {tool.name}.")
+                + harmony(f"<|start|>assistant<|channel|>commentary to={tool.recipient}<|message|>")
+                + self._vocab.encode(_after_name(last_body, tool.name))
+                + harmony("<|call|>")
+            )
         if tool is not None:
             arguments = json.dumps(example_arguments(tool.parameters), ensure_ascii=False)
             harmony = self._vocab.encode_harmony
@@ -184,12 +203,19 @@ def _count(number: int, noun: str) -> str:
 
 
 def _chosen_tool(tools: tuple[FunctionTool, ...], mode: str, name: str | None, user_text: str) -> FunctionTool | None:
-    if mode == "function":
+    if mode in ("function", "custom"):
         return next((tool for tool in tools if tool.name == name), None)
     mentioned = next((tool for tool in tools if tool.name in user_text), None)
     if mode == "required":
         return mentioned or (tools[0] if tools else None)
     return mentioned if mode == "auto" else None
+
+
+def _after_name(text: str, name: str) -> str:
+    """What the user wrote after the tool's name (past a colon and one line break): a custom tool's input."""
+    at = text.find(name)
+    rest = text[at + len(name):] if at >= 0 else ""
+    return rest.removeprefix(":").removeprefix(" ").removeprefix("\n")
 
 
 def _allowed(mask: bytes, token: int) -> bool:

@@ -247,6 +247,9 @@ class TrtllmEngine:
         if self._guided.field == "grammar":
             return self._guided_params(grammar=grammar.lark)
         if self._guided.field == "structural_tag":
+            if grammar.structural_tag_gaps:  # xgrammar takes no Lark: use the llguidance backend to enforce it
+                logger.warning("request %s: %s NOT enforced (xgrammar structural tags have no Lark form; the "
+                               "llguidance backend enforces it)", request.request_id, grammar.structural_tag_gaps)
             return self._guided_params(structural_tag=json.dumps(grammar.structural_tag, separators=(",", ":")))
         logger.warning("request %s: %s, NOT enforced: %s", request.request_id, grammar.summary, self._guided.reason)
         return None

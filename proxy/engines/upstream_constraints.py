@@ -78,8 +78,8 @@ class GuidedDecoding:
         grammar = constraint.grammar
         if grammar is None:
             return {}, ""
-        if self._whole is not None:
-            return self._whole[1](grammar), ""
+        if self._whole is not None:  # an xgrammar structural tag cannot carry a custom tool's Lark grammar
+            return self._whole[1](grammar), grammar.structural_tag_gaps if self.mode == "xgrammar" else ""
         if self._final is not None and constraint.response_format is not None:
             return self._final[1](constraint.response_format.schema), _tool_constraints(constraint)
         return {}, grammar.summary
@@ -111,7 +111,7 @@ def _tool_constraints(constraint: OutputConstraint) -> str:
     parts = []
     if choice.mode == "required":
         parts.append("a required tool call")
-    elif choice.mode == "function":
+    elif choice.names_tool:
         parts.append(f"a required call to {choice.name}")
     strict = [tool.name for tool in constraint.tools if tool.strict]
     if strict:

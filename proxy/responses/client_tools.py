@@ -1,6 +1,7 @@
-"""The client's own tools in a Responses request, read and checked: functions, and namespace tools (functions
-grouped under a name of their own: Codex declares each MCP server it runs, and its sub-agent tools, so), from
-`tools` and from `additional_tools` input items.
+"""The client's own tools in a Responses request, read and checked: functions, custom (freeform) tools, and namespace
+tools (functions and custom tools grouped under a name of their own: Codex declares each MCP server it runs, and its
+sub-agent tools, so), from `tools` and from `additional_tools` input items. A custom tool is a `FunctionTool` with a
+`freeform` format (tools/freeform.py).
 
 Harmony has namespaces natively: the `functions` namespace holds the functions declared outside any namespace, and
 each namespace tool is declared as a namespace of its own in the developer message (`namespace mcp__docs__ {...}`),
@@ -19,16 +20,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.errors import invalid_request
-from proxy.responses.schema import FUNCTION_TOOL, NAMESPACE_TOOL, REFUSED_TOOLS
+from proxy.responses.schema import CUSTOM_TOOL, FUNCTION_TOOL, NAMESPACE_TOOL, REFUSED_TOOLS
 from proxy.validation import check, compile_schema
 from tools.cache import ToolCatalog
 from tools.definitions import FunctionTool, ToolError, check_unique, declaration_key, namespace_error
+from tools.freeform import Freeform
 
 logger = logging.getLogger("harmony_proxy")
 
 _FUNCTION = compile_schema(FUNCTION_TOOL)
 _NAMESPACE = compile_schema(NAMESPACE_TOOL)
-CLIENT_TOOL_TYPES = frozenset({"function", "namespace"})
+_CUSTOM = compile_schema(CUSTOM_TOOL)
+CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace"})
 # Tool types an additional_tools item may hold but that are not offered from there (logged).
 _NOT_OFFERED_THERE = frozenset({"mcp", "code_interpreter", "web_search", "web_search_2025_08_26", "web_search_preview",
                                 "web_search_preview_2025_03_11"})
@@ -75,16 +78,23 @@ def read_client_tools(tools: list[Any], items: list[dict[str, Any]], catalog: To
     return ClientTools(declared, reading.namespaces, echo)
 
 
+def _freeform(value: dict[str, Any] | None) -> Freeform:
+    if value is None or value["type"] == "text":
+        return Freeform()
+    return Freeform(value["syntax"], value["definition"])
+
+
 def _check_kind(kind: Any, param: str) -> None:
     if kind not in CLIENT_TOOL_TYPES:
         reason = REFUSED_TOOLS.get(kind) if isinstance(kind, str) else None
-        raise invalid_request(f"Tool type {kind!r} is not supported: {reason or 'declare function or namespace tools'}.",
+        reason = reason or "declare function, custom or namespace tools"
+        raise invalid_request(f"Tool type {kind!r} is not supported: {reason}.",
                               param=param, code="invalid_value")
 
 
 def _read(tool: dict[str, Any], where: str, reading: _Reading) -> dict[str, Any]:
     """Add one tool's declarations; its echo."""
-    if tool["type"] == "function":
+    if tool["type"] != "namespace":
         return _function(tool, where, None, reading)
     check(tool, _NAMESPACE, where)
     name = tool["name"]
@@ -94,15 +104,18 @@ def _read(tool: dict[str, Any], where: str, reading: _Reading) -> dict[str, Any]
     reading.namespaces.setdefault(name, tool["description"])
     members = []
     for index, member in enumerate(tool["tools"]):
-        if member.get("type") != "function":
-            raise invalid_request(f"Tool type {member.get('type')!r} is not supported in a namespace here: declare "
-                                  "function tools.", param=f"{where}.tools[{index}].type", code="invalid_value")
+        if member.get("type") not in ("function", "custom"):
+            raise invalid_request(f"Tool type {member.get('type')!r} is not supported in a namespace: declare "
+                                  "function or custom tools.", param=f"{where}.tools[{index}].type",
+                                  code="invalid_value")
         members.append(_function(member, f"{where}.tools[{index}]", name, reading))
     return {"type": "namespace", "name": name, "description": tool["description"], "tools": members}
 
 
 def _function(tool: dict[str, Any], where: str, namespace: str | None, reading: _Reading) -> dict[str, Any]:
-    check(tool, _FUNCTION, where)
+    """A function or a custom tool."""
+    custom = tool["type"] == "custom"
+    check(tool, _CUSTOM if custom else _FUNCTION, where)
     callers = tool.get("allowed_callers")
     if callers is not None and "direct" not in callers:
         raise invalid_request("Programmatic tool calling is not offered: the model calls functions directly; allow "
@@ -110,7 +123,9 @@ def _function(tool: dict[str, Any], where: str, namespace: str | None, reading: 
     if tool.get("async") is True:
         raise invalid_request("Asynchronous function calls are not supported: a call ends the model's turn until its "
                               "output is sent.", param=f"{where}.async", code="unsupported_parameter")
-    declaration = (tool["name"], tool.get("description"), tool.get("parameters"), tool.get("strict"), namespace)
+    freeform = _freeform(tool.get("format")) if custom else None
+    declaration = (tool["name"], tool.get("description"), tool.get("parameters"), tool.get("strict"), namespace,
+                   freeform)
     if reading.seen is not None:
         key = declaration_key(*declaration)
         if key in reading.seen:
@@ -118,5 +133,8 @@ def _function(tool: dict[str, Any], where: str, namespace: str | None, reading: 
         reading.seen.add(key)
     reading.declarations.append(declaration)
     reading.paths.append(where)
+    if custom:
+        return {"type": "custom", "name": tool["name"], "description": tool.get("description"),
+                "format": tool.get("format") or {"type": "text"}}
     return {"type": "function", "name": tool["name"], "description": tool.get("description") or None,
             "parameters": tool.get("parameters"), "strict": tool.get("strict")}

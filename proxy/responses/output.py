@@ -52,9 +52,11 @@ class ResponseOutput:
         max_server_calls: int | None = None,
         seal: Seal | None = None,
         leading: list[dict[str, Any]] | tuple[()] = (),
+        custom_tools: frozenset[tuple[str | None, str]] = frozenset(),
     ) -> None:
         """`leading`: whole items the output begins with (a compaction item), announced with the first events."""
         self._new_id = new_id
+        self._custom_tools = custom_tools  # (namespace, name) of the custom tools: their calls are custom_tool_call
         self._seal = seal  # reasoning items carry encrypted_content (include: reasoning.encrypted_content)
         self._max_tool_calls = max_tool_calls
         self._hosted = hosted  # the server-side tools, which say what a server call is
@@ -128,8 +130,12 @@ class ResponseOutput:
             if self._max_tool_calls is not None and self.tool_calls >= self._max_tool_calls:
                 return []
             self.tool_calls += 1
-            body = {"id": self._new_id("fc_"), "type": "function_call", "status": "in_progress",
-                    "call_id": self._new_id("call_"), "name": event.name or "", "arguments": ""}
+            if (event.namespace, event.name) in self._custom_tools:  # raw input; the SDK's type has no status
+                body = {"id": self._new_id("ctc_"), "type": "custom_tool_call", "call_id": self._new_id("call_"),
+                        "name": event.name or "", "input": ""}
+            else:
+                body = {"id": self._new_id("fc_"), "type": "function_call", "status": "in_progress",
+                        "call_id": self._new_id("call_"), "name": event.name or "", "arguments": ""}
             if event.namespace is not None:  # a member of the client's namespace tool: Codex routes by both
                 body["namespace"] = event.namespace
         elif kind is ItemKind.REASONING:
@@ -161,7 +167,8 @@ class ResponseOutput:
             return tuple(_delta_prefix(fields) for fields in server_output.delta_events(item))
         where = {"item_id": item.body["id"], "output_index": item.index}
         if item.kind is ItemKind.TOOL_CALL:
-            return (_delta_prefix({"type": "response.function_call_arguments.delta", **where}),)
+            kind = "custom_tool_call_input" if _custom(item) else "function_call_arguments"
+            return (_delta_prefix({"type": f"response.{kind}.delta", **where}),)
         if item.kind is ItemKind.REASONING:
             prefixes = [_delta_prefix({"type": f"{self._reasoning_event}.delta", **where, "content_index": 0})]
             if self._summaries:
@@ -180,13 +187,16 @@ class ResponseOutput:
                 self._items.append(item)
             self._awaiting = item
             return server_output.written(item)
-        item.body["status"] = status
+        if not _custom(item):
+            item.body["status"] = status
         if item.kind is ItemKind.REASONING and self._seal is not None:
             item.body["encrypted_content"] = self._seal(tokens, item.text)
         body = self._body(item, status)
         where = {"item_id": body["id"], "output_index": item.index}
         text = item.text
-        if item.kind is ItemKind.TOOL_CALL:
+        if item.kind is ItemKind.TOOL_CALL and _custom(item):
+            payloads = [{"type": "response.custom_tool_call_input.done", **where, "input": text}]
+        elif item.kind is ItemKind.TOOL_CALL:
             payloads = [{"type": "response.function_call_arguments.done", **where, "name": body["name"],
                          "arguments": text}]
         elif item.kind is ItemKind.REASONING:
@@ -210,6 +220,8 @@ class ResponseOutput:
         if item.kind is ItemKind.SERVER_CALL:
             return server_output.body(item)
         text = item.text
+        if _custom(item):
+            return {**item.body, "input": text}
         body = {**item.body, "status": status}
         if item.kind is ItemKind.TOOL_CALL:
             body["arguments"] = text
@@ -260,6 +272,10 @@ class ResponseOutput:
             return []
         include = self._hosted is not None and self._hosted.include_outputs
         return server_output.finished(item, event.output, include)
+
+
+def _custom(item: Item) -> bool:
+    return item.body["type"] == "custom_tool_call"
 
 
 def _part(kind: ItemKind, text: str) -> dict[str, Any]:

@@ -43,7 +43,8 @@ from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice,
 _REQUEST = compile_schema(RESPONSES_REQUEST)
 _ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
 _ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_",
-              "additional_tools": "at_", "compaction": "cmp_", "compaction_trigger": "cmpt_", **ID_PREFIXES}
+              "additional_tools": "at_", "compaction": "cmp_", "compaction_trigger": "cmpt_", "custom_tool_call": "ctc_",
+              "custom_tool_call_output": "ctco_", **ID_PREFIXES}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 # What the model reads in place of an image a tool returned.
 IMAGE_NOTE = "[The tool returned an image here. This model reads text only, so the image is not shown.]"
@@ -98,7 +99,7 @@ def parse_responses_request(
     refuse_unsupported(body, UNSUPPORTED)
     body, hosted = split_server_tools(body)  # from here on `body` holds the function tools only
     check_tool_types(body.get("tools"), catalog, CLIENT_TOOL_TYPES, REFUSED_TOOLS)
-    refuse_tool_choice_types(body.get("tool_choice"))
+    refuse_tool_choice_types(body.get("tool_choice"), ("function", "custom"))
     check(body, _REQUEST)
     _refuse_unhonoured(body)
     store, background = body.get("store") is not False, bool(body.get("background"))
@@ -342,6 +343,21 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
                                       param=f"{where}.call_id")
             conversation.append(ToolResult(item["call_id"], call.name, _output_text(item["output"], where),
                                            call.namespace))
+        elif kind == "custom_tool_call":
+            call = ToolCall(item["call_id"], item["name"], item["input"], _namespace(item, where), freeform=True)
+            try:
+                make_tool(item["name"], None, None, None, where)
+            except ToolError as exc:
+                raise invalid_request(str(exc), param=exc.param) from None
+            calls[item["call_id"]] = call
+            conversation.append(call)
+        elif kind == "custom_tool_call_output":
+            call = calls.get(item["call_id"])
+            if call is None:
+                raise invalid_request(f"No custom tool call with call_id {item['call_id']!r} precedes this output.",
+                                      param=f"{where}.call_id")
+            conversation.append(ToolResult(item["call_id"], call.name, _output_text(item["output"], where),
+                                           call.namespace))
         elif kind == "additional_tools":
             continue  # its tools are declared with the request's own (client_tools.py)
         else:  # the items of tools the server ran (proxy/responses/server_items.py)
@@ -376,7 +392,7 @@ def _is_preamble(items: list[dict[str, Any]], position: int) -> bool:
         return phase == "commentary"
     for later in items[position + 1 :]:
         if later["type"] != "reasoning":
-            return later["type"] == "function_call"
+            return later["type"] in ("function_call", "custom_tool_call")
     return False
 
 
@@ -404,5 +420,5 @@ def _tool_choice(value: Any) -> ToolChoice:
         return ToolChoice("auto")
     if isinstance(value, str):
         return ToolChoice(value)
-    return ToolChoice("function", value["name"])
+    return ToolChoice(value["type"], value["name"])  # function or custom
 

@@ -70,7 +70,7 @@ def response_object(
 
 def _tool_choice(request: ResponsesRequest) -> Any:
     choice = request.tool_choice
-    return {"type": "function", "name": choice.name} if choice.mode == "function" else choice.mode
+    return {"type": choice.mode, "name": choice.name} if choice.names_tool else choice.mode
 
 
 def usage_object(usage: Usage, reasoning_tokens: int) -> dict[str, Any]:

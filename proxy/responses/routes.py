@@ -144,6 +144,7 @@ def _output(state: ServerState, parsed: ResponsesRequest, hosted: HostedTools | 
         max_server_calls=min(limit, config.max_tool_calls) if limit is not None else config.max_tool_calls,
         seal=state.sealer.seal_reasoning if parsed.sealed_reasoning else None,
         leading=leading or (),
+        custom_tools=frozenset((tool.namespace, tool.name) for tool in parsed.tools if tool.freeform is not None),
     )
 
 

@@ -67,6 +67,27 @@ ITEMS: dict[str, dict[str, Any]] = {
         "name": {"type": ["string", "null"]},
         "namespace": {"type": ["string", "null"]},
     }),
+    # A custom tool's call and its output, as function calls' (the input is the model's raw text).
+    "custom_tool_call": _object(["call_id", "name", "input"], {
+        "type": {"const": "custom_tool_call"},
+        "id": _STRING,
+        "call_id": {"type": "string", "minLength": 1},
+        "name": _STRING,
+        "input": _STRING,
+        "namespace": {"type": ["string", "null"]},
+        "status": _STATUS,
+        "caller": {"type": ["object", "null"]},
+        "async": _NULLABLE_BOOL,
+        "async_": _NULLABLE_BOOL,
+    }),
+    "custom_tool_call_output": _object(["call_id", "output"], {
+        "type": {"const": "custom_tool_call_output"},
+        "id": {"type": ["string", "null"]},
+        "call_id": {"type": "string", "minLength": 1},
+        "output": {"anyOf": [_STRING, {"type": "array", "items": _PART}]},
+        "status": _STATUS,
+        "caller": {"type": ["object", "null"]},
+    }),
     # Tools offered from this point of the conversation: offered with the request's own (client_tools.py).
     "additional_tools": _object(["role", "tools"], {
         "type": {"const": "additional_tools"},
@@ -122,6 +143,20 @@ FUNCTION_TOOL = _object(["type", "name"], {
     "allowed_callers": {"type": ["array", "null"], "items": {"enum": ["direct", "programmatic"]}},
     "async": _NULLABLE_BOOL,
 })
+# A custom (freeform) tool: raw text input, free (`text`) or held to a Lark grammar or a regex (tools/freeform.py).
+CUSTOM_TOOL = _object(["type", "name"], {
+    "type": {"const": "custom"},
+    "name": _STRING,
+    "description": {"type": ["string", "null"]},
+    "format": {"anyOf": [
+        _object(["type"], {"type": {"const": "text"}}),
+        _object(["type", "syntax", "definition"], {"type": {"const": "grammar"}, "syntax": {"enum": ["lark", "regex"]},
+                                                   "definition": _STRING}),
+    ]},
+    "defer_loading": _NULLABLE_BOOL,
+    "allowed_callers": {"type": ["array", "null"], "items": {"enum": ["direct", "programmatic"]}},
+    "async": _NULLABLE_BOOL,
+})
 NAMESPACE_TOOL = _object(["type", "name", "description", "tools"], {
     "type": {"const": "namespace"},
     "name": _STRING,
@@ -142,7 +177,6 @@ REFUSED_TOOLS = {
     "tool_search": "every tool is declared to the model up front here (`defer_loading` is ignored), so there is "
                    "nothing to search",
     "programmatic_tool_calling": "programmatic tool calling is not offered: the model calls tools directly",
-    "custom": "custom (freeform) tools are not supported yet",
 }
 # Input item types of the API that this server cannot put into a gpt-oss prompt: a 400 naming the type, with the reason.
 REFUSED_ITEMS = {
@@ -161,8 +195,6 @@ REFUSED_ITEMS = {
     "program": "programmatic tool calling is not offered",
     "program_output": "programmatic tool calling is not offered",
     "configuration_update": "send `reasoning` and `text` with the request instead",
-    "custom_tool_call": "custom (freeform) tools are not supported yet",
-    "custom_tool_call_output": "custom (freeform) tools are not supported yet",
 }
 
 RESPONSES_REQUEST: dict[str, Any] = _object([], {
@@ -173,7 +205,7 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
     "tools": {"type": ["array", "null"], "items": {"type": "object"}},
     "tool_choice": {"anyOf": [
         {"enum": ["none", "auto", "required", None]},
-        _object(["type", "name"], {"type": {"const": "function"}, "name": _STRING}),
+        _object(["type", "name"], {"type": {"enum": ["function", "custom"]}, "name": _STRING}),
     ]},
     "parallel_tool_calls": _NULLABLE_BOOL,
     "max_tool_calls": {"type": ["integer", "null"], "minimum": 1},
