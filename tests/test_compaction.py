@@ -190,3 +190,21 @@ def test_a_conversation_too_long_to_summarize_whole_loses_its_oldest_work_first(
     assert len(engine.requests[0].prompt_token_ids) <= 1500 - 375
     assert QUESTION["content"] in prompt and "Output 7:" in prompt and "Output 0:" not in prompt
     assert any("oldest" in record.getMessage() for record in caplog.records)
+
+
+def test_a_stored_chain_continues_from_its_compaction(serve: Callable[..., LiveServer], vocab: Any) -> None:
+    """With store and previous_response_id, the compaction item is in the stored output: the chain's later
+    prompts start from it."""
+    engine = Recording(scripted_engine(vocab, [CALL, SUMMARIZED, ANSWER, ANSWER]))
+    server = serve(engine=engine, reasoning_key=KEY)
+    client = client_for(server)
+    first = client.responses.create(model=MODEL, input=[QUESTION], tools=[WEATHER])
+    output = {"type": "function_call_output", "call_id": first.output[1].call_id, "output": "sunny, 18C"}
+    second = client.responses.create(model=MODEL, input=[output], tools=[WEATHER], previous_response_id=first.id,
+                                     extra_body={"context_management": [{"type": "compaction",
+                                                                         "compact_threshold": 1}]})
+    assert [item.type for item in second.output] == ["compaction", "reasoning", "message"]
+    client.responses.create(model=MODEL, input=[LATER], tools=[WEATHER], previous_response_id=second.id)
+    prompt = vocab.decode(engine.requests[3].prompt_token_ids)
+    assert SUMMARY in prompt and QUESTION["content"] in prompt and "sunny, 18C<|end|>" not in prompt
+    assert prompt.index(QUESTION["content"]) < prompt.index(SUMMARY) < prompt.index("It is 18C.")
