@@ -43,7 +43,8 @@ def recorded() -> list[dict[str, Any]]:
 class LiveServer:
     """An ASGI application (ours, or a fake of another server) under uvicorn, in a thread, on a loopback port."""
 
-    def __init__(self, app: Any, engine: Engine | None = None) -> None:
+    def __init__(self, app: Any, engine: Engine | None = None, **options: Any) -> None:
+        """`options`: uvicorn's settings beyond the defaults (WebSocket pings, say)."""
         self.app = app
         self.engine = engine
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -51,7 +52,7 @@ class LiveServer:
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.base_url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="on")
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", **options)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket as socket_module
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -313,3 +315,33 @@ def test_agents_sdk_over_its_websocket_transport(serve: Callable[..., LiveServer
     assert len(engine.requests) == 2
     second = vocab.decode(engine.requests[1].prompt_token_ids)
     assert "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>sunny, 18 degrees" in second
+
+
+def test_pings_keep_a_live_client_and_close_a_dead_one(vocab: Any) -> None:
+    """uvicorn pings (--ws-ping-interval, --ws-ping-timeout): a client that answers stays connected while idle;
+    a peer that never answers (a raw socket after the handshake) is closed."""
+    from proxy.app import create_app
+    from proxy.config import ServerConfig
+    from proxy.state import ServerState
+
+    engine = scripted_engine(vocab, [ANSWER])
+    server = LiveServer(create_app(ServerState(ServerConfig(), vocab, engine)), engine, ws_ping_interval=0.2,
+                        ws_ping_timeout=0.3).start()
+    try:
+        async def live() -> str:
+            async with websockets.connect(ws_url(server)) as socket:
+                await asyncio.sleep(1.5)  # several pings, answered by the client library
+                await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi"}))
+                return (await until_done(socket))[-1]["type"]
+
+        assert asyncio.run(live()) == "response.completed"
+        dead = socket_module.create_connection(("127.0.0.1", server.port), timeout=5)
+        dead.sendall(b"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        started, received = time.monotonic(), b""
+        while chunk := dead.recv(4096):  # the 101, pings, then the close: the server ends the connection
+            received += chunk
+        assert received.startswith(b"HTTP/1.1 101") and time.monotonic() - started < 4
+        dead.close()
+    finally:
+        server.stop()

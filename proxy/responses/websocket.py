@@ -196,6 +196,10 @@ class ResponsesConnection:
             if record.status == 0:
                 record.status = error.status
             await self._error(error, stream_id)
+        except (OSError, WebSocketDisconnect):  # a send to a client that has left
+            record.client_left = not record.answered()
+            if record.status == 0:
+                record.status = 499
         except Exception:
             logger.exception("websocket response %s failed", request_id)
             if record.status == 0:
