@@ -336,7 +336,7 @@ def test_pings_keep_a_live_client_and_close_a_dead_one(vocab: Any) -> None:
 
         assert asyncio.run(live()) == "response.completed"
         dead = socket_module.create_connection(("127.0.0.1", server.port), timeout=5)
-        dead.sendall(b"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        dead.sendall(b"GET /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
         started, received = time.monotonic(), b""
         while chunk := dead.recv(4096):  # the 101, pings, then the close: the server ends the connection

@@ -6,8 +6,9 @@ continuation needs (parsers/continuation.py). A response naming a remembered tur
 its new items (the turn's output, then its input) and extends the turn's tokens. What is kept is bounded
 (`MAX_TURNS`, `MAX_TOKENS`, least recently used first) and dropped with the connection.
 
-Requests that run server-side tools, and items of such tools, take the full path: their conversation depends on
-more than each item alone (proxy/responses/server_items.py).
+Requests that run server-side tools, and items other than messages, reasoning, function calls and their outputs
+(server-side tools' items, compaction), take the full path (proxy/responses/routes.py renders them): what they
+mean depends on more than each item alone.
 """
 
 from __future__ import annotations
@@ -72,22 +73,21 @@ async def plan(renderer: Renderer, sealer: Sealer | None, request: ResponsesRequ
                history: list[dict[str, Any]], items: list[dict[str, Any]]) -> Plan:
     """The prompt of `request`: extending `previous` when it can, else rendered in full (the renderer's piece
     cache still spares re-encoding what it rendered before)."""
-    if request.hosted:  # the tool loop renders its own prompts (proxy/responses/tool_loop.py)
+    if request.hosted or not _plain(items):  # the tool loop, or items of more than themselves: routes.py renders
         return Plan(history, items, None, {}, None)
-    if previous is not None and previous.conversation is not None and previous.rendered is not None \
-            and _plain(items):
+    if previous is not None and previous.conversation is not None and previous.rendered is not None:
         calls = dict(previous.calls)
         conversation = previous.conversation + conversation_of(items, 0, sealer, calls)
         rendered = await extend(renderer, previous.rendered, prompt_with(request, conversation))
         if rendered is not None:
             return Plan(history, items, conversation, calls, rendered, extended=True)
+    if not _plain(history):
+        return Plan(history, items, None, {}, None)
     calls = {}
     conversation = conversation_of(history + items, len(history), sealer, calls)
     prompt = prompt_with(request, conversation)
-    rendered = await first(renderer, prompt, await renderer.render_off_loop(prompt))
-    if not (_plain(history) and _plain(items)):
-        return Plan(history, items, None, {}, rendered)
-    return Plan(history, items, conversation, calls, rendered)
+    return Plan(history, items, conversation, calls, await first(renderer, prompt,
+                                                                 await renderer.render_off_loop(prompt)))
 
 
 def _plain(items: list[dict[str, Any]]) -> bool:
