@@ -13,11 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.config import ServerConfig
-from proxy.responses.client_tools import CLIENT_TOOL_TYPES
-
-# Codex declares apply_patch as a freeform (custom) tool only when the entry says so; offered only once this
-# server takes custom tools, else Codex's own fallback (apply_patch run through exec_command) applies.
-FREEFORM = "custom" in CLIENT_TOOL_TYPES
 
 # An entry replaces Codex's base instructions (its own prompt is for its own models): ours, written for gpt-oss
 # and the tools Codex declares. A Codex user can still set `model_instructions_file` in Codex's config.
@@ -27,7 +22,7 @@ to the end within this turn when you can: look at the code, make the change, che
 
 - Run shell commands with `exec_command` (its `cmd`); read files with `cat`, `sed -n`, `rg` or `ls`. Commands run \
 in a sandbox: if one needs more access, say so with `sandbox_permissions` and a short `justification`.
-- Edit files with `apply_patch`. {how} A patch looks like this:
+- Edit files with `apply_patch`. Its input is the patch itself, not JSON. A patch looks like this:
   *** Begin Patch
   *** Update File: path/to/file
   @@ a line near the change
@@ -42,9 +37,6 @@ Paths are relative to the working folder.
 - Your final answer is short plain text or Markdown: what you changed or found, and anything the user must do. \
 Name files as `path:line`.
 """
-
-_PATCH_TOOL = "Its input is the patch itself, not JSON."
-_PATCH_COMMAND = "Run it with `exec_command`: `apply_patch <<'EOF'`, then the patch, then `EOF`."
 
 EFFORTS = {
     "low": "Fast answers, short reasoning",
@@ -67,12 +59,12 @@ def codex_model_info(config: ServerConfig) -> dict[str, Any]:
         "priority": 0,
         "upgrade": None,
         "availability_nux": None,
-        "base_instructions": BASE_INSTRUCTIONS.format(how=_PATCH_TOOL if FREEFORM else _PATCH_COMMAND),
+        "base_instructions": BASE_INSTRUCTIONS,
         "supports_reasoning_summaries": True,  # the summary is the reasoning itself, streamed as it is generated
         "default_reasoning_summary": "auto",
         "support_verbosity": False,
         "default_verbosity": None,
-        "apply_patch_tool_type": "freeform" if FREEFORM else None,
+        "apply_patch_tool_type": "freeform",  # a custom tool, its input held to Codex's grammar as generated
         "truncation_policy": {"mode": "tokens", "limit": 10000},
         "supports_parallel_tool_calls": True,
         "context_window": config.max_model_len,

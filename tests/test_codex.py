@@ -186,3 +186,32 @@ def test_mcp_tool_routed_through_its_namespace(
     assert "<|start|>mcp__weather.get_forecast to=assistant<|channel|>commentary<|message|>" in second
     assert "Paris: sunny, 21C" in second
 
+
+
+def test_freeform_apply_patch_from_the_mock_under_the_grammar(
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex]
+) -> None:
+    # The mock engine calls the tool the user names with what follows the name as its input, under the tool's
+    # grammar (Codex's own Lark grammar for apply_patch, enforced with llguidance): the note in the middle is no
+    # patch line, so the grammar keeps it out, and Codex applies what was generated.
+    from proxy.engines.mock import mock_engine
+    from tests.grammars import session_matchers
+
+    engine = Recording(mock_engine(vocab, matchers=session_matchers(vocab)))
+    agent = codex(serve(engine=engine))
+    events = agent.exec("Please use apply_patch:\n*** Begin Patch\n*** Add File: hello.txt\n+hello from the patch\n"
+                        "(a note that is not a patch line)\n*** End Patch\n")
+    turn_completed(events)
+    (change,) = items(events, "file_change")
+    assert change["status"] == "completed", change
+    assert [(Path(c["path"]).name, c["kind"]) for c in change["changes"]] == [("hello.txt", "add")]
+    assert agent.workdir.joinpath("hello.txt").read_text(encoding="utf-8") == "hello from the patch\n"
+    (message,) = items(events, "agent_message")
+    assert message["text"].startswith("[mock] The tool apply_patch returned:")
+    assert len(engine.requests) == 2
+    first, second = (vocab.decode(request.prompt_token_ids) for request in engine.requests)
+    assert "apply_patch" in first and "FREEFORM" in first  # declared as a raw-text tool
+    # The call went back as generated: the patch without the note, then Codex's report of applying it.
+    assert ("to=functions.apply_patch<|message|>*** Begin Patch\n*** Add File: hello.txt\n+hello from the patch\n"
+            "*** End Patch\n<|call|><|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>") in second
+    assert "Success. Updated the following files:\nA hello.txt" in second

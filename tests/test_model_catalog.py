@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 import httpx
 
-from proxy.responses.client_tools import CLIENT_TOOL_TYPES
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import client_for
 
@@ -32,8 +31,7 @@ def test_codex_asks_with_its_version_and_learns_the_model(serve: Callable[..., L
     (entry,) = listed["models"]
     assert entry["slug"] == MODEL and entry["context_window"] == 32768
     assert entry["input_modalities"] == ["text"]
-    # apply_patch as a freeform tool once the server takes custom tools; until then through the shell.
-    assert entry["apply_patch_tool_type"] == ("freeform" if "custom" in CLIENT_TOOL_TYPES else None)
+    assert entry["apply_patch_tool_type"] == "freeform"
     assert [level["effort"] for level in entry["supported_reasoning_levels"]] == ["low", "medium", "high"]
     assert entry["default_reasoning_level"] == "low"
     assert entry["support_verbosity"] is False and entry["supports_parallel_tool_calls"] is True
