@@ -37,8 +37,12 @@ def _turn(rng: random.Random, number: int) -> list[Item]:
     if kind < 0.55:
         if rng.random() < 0.3:
             items.append(AssistantMessage(f"Checking {number}.", preamble=True))
-        items.append(ToolCall(f"call_{number}", "get_weather", f'{{"city": "c{number}"}}'))
-        items.append(ToolResult(f"call_{number}", "get_weather", f"sunny {number}"))
+        if rng.random() < 0.25:  # a custom tool's freeform call, in a namespace of the client's
+            items.append(ToolCall(f"call_{number}", "apply_patch", f"*** Begin Patch {number}", "codex", True))
+            items.append(ToolResult(f"call_{number}", "apply_patch", "Done.", "codex"))
+        else:
+            items.append(ToolCall(f"call_{number}", "get_weather", f'{{"city": "c{number}"}}'))
+            items.append(ToolResult(f"call_{number}", "get_weather", f"sunny {number}"))
     else:
         items.append(AssistantMessage(f"Answer {number}."))
     if rng.random() < 0.35:

@@ -345,3 +345,65 @@ def test_pings_keep_a_live_client_and_close_a_dead_one(vocab: Any) -> None:
         dead.close()
     finally:
         server.stop()
+
+
+def test_a_codex_session_extends_every_prompt_token_for_token(serve: Callable[..., LiveServer], vocab: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Codex-shaped session over one connection, `store: false`, sealed reasoning, a function call, a custom
+    tool call (apply_patch), a final answer, then a new user message: every turn after the pre-warm extends the
+    last prompt, and every prompt is, token for token, the one HTTP renders for the whole conversation."""
+    from proxy.responses import turns
+    from tests.test_codex_dialect import APPLY_PATCH, PATCH_CALL
+
+    extended: list[bool] = []
+    plan = turns.plan
+
+    async def recording_plan(*args: Any, **kwargs: Any) -> Any:
+        made = await plan(*args, **kwargs)
+        extended.append(made.extended)
+        return made
+
+    monkeypatch.setattr(turns, "plan", recording_plan)
+    script = [CALL, PATCH_CALL, ANSWER, ANSWER]
+    engine = Recording(scripted_engine(vocab, script))
+    server = serve(engine=engine, reasoning_key="a shared key of this test")
+    codex = {"type": "response.create", "model": MODEL, "instructions": "", "tools": [*TOOLS, APPLY_PATCH],
+             "tool_choice": "auto", "parallel_tool_calls": True, "reasoning": {"summary": "auto"}, "store": False,
+             "stream": True, "include": ["reasoning.encrypted_content"], "prompt_cache_key": "thread-1",
+             "client_metadata": {"session_id": "s-1"}}
+    developer = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]}
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather, then a file."}]}
+
+    async def run() -> list[list[Any]]:
+        conversation: list[Any] = [developer, user]
+        sent: list[list[Any]] = []  # each turn's whole conversation, as a stateless client would send it
+        async with websockets.connect(ws_url(server)) as socket:
+            await socket.send(json.dumps({**codex, "input": conversation, "generate": False}))
+            previous = (await until_done(socket))[-1]["response"]
+            new: list[Any] = []
+            for _ in range(4):
+                sent.append(conversation + new)
+                await socket.send(json.dumps({**codex, "input": new, "previous_response_id": previous["id"]}))
+                previous = (await until_done(socket))[-1]["response"]
+                assert previous["status"] == "completed", previous
+                conversation = conversation + new + previous["output"]
+                last = previous["output"][-1]
+                if last["type"] == "function_call":
+                    new = [{"type": "function_call_output", "call_id": last["call_id"], "output": "sunny"}]
+                elif last["type"] == "custom_tool_call":
+                    new = [{"type": "custom_tool_call_output", "call_id": last["call_id"], "output": "Done!"}]
+                else:
+                    new = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "More?"}]}]
+        return sent
+
+    conversations = asyncio.run(run())
+    assert extended == [False, True, True, True, True]  # the pre-warm rendered in full; every turn after extended
+    assert [c[-1]["type"] for c in conversations] == ["message", "function_call_output", "custom_tool_call_output",
+                                                      "message"]
+    assert any(item.get("encrypted_content") for item in conversations[-1] if item["type"] == "reasoning")
+    http_engine = Recording(scripted_engine(vocab, [ANSWER]))
+    http_server = serve(engine=http_engine, store_path=None, reasoning_key="a shared key of this test")
+    body = {k: v for k, v in codex.items() if k not in ("type", "stream")}
+    for step, conversation in enumerate(conversations):
+        http_events(http_server, body | {"input": conversation})
+        assert engine.requests[step].prompt_token_ids == http_engine.requests[step].prompt_token_ids, step

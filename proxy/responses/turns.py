@@ -6,8 +6,8 @@ continuation needs (parsers/continuation.py). A response naming a remembered tur
 its new items (the turn's output, then its input) and extends the turn's tokens. What is kept is bounded
 (`MAX_TURNS`, `MAX_TOKENS`, least recently used first) and dropped with the connection.
 
-Requests that run server-side tools, and items other than messages, reasoning, function calls and their outputs
-(server-side tools' items, compaction), take the full path (proxy/responses/routes.py renders them): what they
+Requests that run server-side tools, and items other than messages, reasoning, function and custom tool calls and
+their outputs (server-side tools' items, compaction, additional tools), take the full path (proxy/responses/routes.py renders them): what they
 mean depends on more than each item alone.
 """
 
@@ -25,7 +25,8 @@ from tools.cache import BoundedCache
 
 MAX_TURNS = 32  # one per named lane (OpenAI allows 32 per connection)
 MAX_TOKENS = 1 << 20  # ~8 MiB of token ids per connection; turns of one chain share their token objects
-_PLAIN = frozenset({"message", "reasoning", "function_call", "function_call_output"})
+_PLAIN = frozenset({"message", "reasoning", "function_call", "function_call_output", "custom_tool_call",
+                    "custom_tool_call_output"})
 
 
 @dataclass(frozen=True)
