@@ -47,13 +47,7 @@ class AdmissionQueue:
             self._changed()
             return
         if len(self._waiting) >= self.max_queue:
-            raise EngineError(
-                f"The server is at capacity ({self.max_concurrent} requests running, {len(self._waiting)} waiting). "
-                "Retry shortly.",
-                status=429,
-                code="server_overloaded",
-                retry_after=RETRY_AFTER_SECONDS,
-            )
+            raise self._full()
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(turn)
         self._changed()
@@ -66,6 +60,21 @@ class AdmissionQueue:
                 self._waiting.remove(turn)
                 self._changed()
             raise
+
+    def check_room(self) -> None:
+        """EngineError 429 when a request arriving now could neither run nor wait. The routes ask before they
+        read and render a body, so that a burst past capacity is refused at the cost of a 429, not of a parse."""
+        if self.active >= self.max_concurrent and len(self._waiting) >= self.max_queue:
+            raise self._full()
+
+    def _full(self) -> EngineError:
+        return EngineError(
+            f"The server is at capacity ({self.max_concurrent} requests running, {len(self._waiting)} waiting). "
+            "Retry shortly.",
+            status=429,
+            code="server_overloaded",
+            retry_after=RETRY_AFTER_SECONDS,
+        )
 
     def leave(self) -> None:
         while self._waiting:

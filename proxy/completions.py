@@ -86,6 +86,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
+    state.check_room()  # a 429 before the body is parsed
     body = await read_json_object(request)
     if isinstance(body.get("prompt"), list) and body["prompt"] and not isinstance(body["prompt"][0], int):
         raise invalid_request("Send one prompt per request: a string or a list of token ids.", param="prompt")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from parsers.render import Renderer
 from parsers.vocab import Vocab
+from proxy.admission import AdmittedEngine
 from proxy.config import ServerConfig
 from proxy.draining import Draining
 from proxy.engines.base import Engine
@@ -50,6 +51,11 @@ class ServerState:
     def check_model(self, model: object) -> None:
         if model != self.config.served_model_name:
             raise model_not_found(model)
+
+    def check_room(self) -> None:
+        """A 429 before the body is read, parsed and rendered, when the admission queue is full already."""
+        if isinstance(self.engine, AdmittedEngine):
+            self.engine.queue.check_room()
 
     def require_ready(self) -> None:
         if not self.engine.ready:

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import jsonschema
-from jsonschema.exceptions import ValidationError, best_match
+from jsonschema.exceptions import ValidationError
 from starlette.requests import Request
 
 from proxy.errors import APIError, invalid_request
+from proxy.schema_errors import QUOTE_CHARS, ErrorFinder, first_error, quote
 from tools.cache import ToolCatalog
 from tools.definitions import ToolError, json_depth
 from tools.fast_schema import Predicate, compile_predicate
@@ -55,10 +56,19 @@ async def _read_body(request: Request) -> bytes:
 
 def decode_json_object(body: bytes, yielding: bool = False) -> dict[str, Any]:
     """The JSON object of a body, or a 400. `yielding`: build objects in Python, so that a worker thread decoding
-    a large body lets the event loop take the GIL between objects (the C decoder alone never lets go of it)."""
+    a large body lets the event loop take the GIL between objects (the C decoder alone never lets go of it).
+
+    The body must be UTF-8 (RFC 8259), and every string in it must be text that UTF-8 can carry: raw bytes that
+    are not UTF-8 (a surrogate's ED A0 80 included) and lone-surrogate escapes are a 400 naming the field, before
+    anything is stored or started."""
     try:
-        data = json.loads(body, parse_constant=_no_constants, object_pairs_hook=_object if yielding else None)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError):
+        text, malformed = body.decode("utf-8"), False
+    except UnicodeDecodeError:  # decoded anyway, to say where: each bad byte becomes a lone surrogate
+        text, malformed = body.decode("utf-8", "surrogateescape"), True
+    try:
+        data = json.loads(text.removeprefix("\ufeff"), parse_constant=_no_constants,
+                          object_pairs_hook=_object if yielding else None)
+    except (json.JSONDecodeError, ValueError, RecursionError):
         raise invalid_request(
             "We could not parse the JSON body of your request. Send a JSON object (no NaN or Infinity).",
             code="invalid_json",
@@ -67,8 +77,13 @@ def decode_json_object(body: bytes, yielding: bool = False) -> dict[str, Any]:
         raise invalid_request("The request body must be a JSON object.", code="invalid_json")
     if json_depth(data) > MAX_JSON_DEPTH:
         raise invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.", code="invalid_json")
-    if (b"\\ud" in body or b"\\uD" in body) and _has_lone_surrogate(data):
-        raise invalid_request("The request body has an invalid Unicode escape (a lone surrogate).", code="invalid_json")
+    if malformed or "\\ud" in text or "\\uD" in text:
+        where = _not_unicode(data)
+        if where is not None:
+            param = param_path(where)
+            raise invalid_request(
+                f"The text of '{param or 'a key'}' is not valid UTF-8 (invalid bytes or a lone surrogate).",
+                param=param or None, code="invalid_json")
     return data
 
 
@@ -88,23 +103,32 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _has_lone_surrogate(data: Any) -> bool:
-    # Only \uD800-\uDFFF escapes can produce one; strings holding one cannot be encoded as UTF-8. Walked
-    # string by string rather than one json.dumps of the body, which would hold the GIL throughout.
-    pending = [data]
+def _not_unicode(data: Any) -> list[Any] | None:
+    """The path of the first string (or key) that UTF-8 cannot encode: it holds a lone surrogate. Walked string by
+    string rather than one json.dumps of the body, which would hold the GIL throughout."""
+    pending: list[tuple[Any, list[Any]]] = [(data, [])]
     while pending:
-        value = pending.pop()
+        value, path = pending.pop()
         if isinstance(value, dict):
-            pending.extend(value)
-            pending.extend(value.values())
+            for key, child in value.items():
+                if not _encodable(key):
+                    return [*path, key.encode("utf-8", "replace").decode()]
+                pending.append((child, [*path, key]))
         elif isinstance(value, list):
-            pending.extend(value)
-        elif isinstance(value, str) and not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-    return False
+            pending.extend((child, [*path, index]) for index, child in enumerate(value))
+        elif isinstance(value, str) and not _encodable(value):
+            return path
+    return None
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def refuse_unsupported(body: dict[str, Any], unsupported: dict[str, str]) -> None:
@@ -142,23 +166,27 @@ class CompiledSchema:
 
 def compile_schema(schema: dict[str, Any]) -> CompiledSchema:
     jsonschema.Draft202012Validator.check_schema(schema)
-    return CompiledSchema(jsonschema.Draft202012Validator(schema), compile_predicate(schema))
+    return CompiledSchema(ErrorFinder(schema), compile_predicate(schema))
 
 
 def check(instance: Any, schema: CompiledSchema, prefix: str = "") -> None:
-    """Raise a 400 for the most relevant schema violation, with `param` as OpenAI spells paths."""
+    """Raise a 400 for the first schema violation, with `param` as OpenAI spells paths. Finding and wording it
+    costs the same whatever the size of the body (proxy/schema_errors.py)."""
     if schema.accepts(instance):
         return
-    error = best_match(schema.validator.iter_errors(instance))
+    error = first_error(schema.validator, instance)
     if error is None:
         return
     raise _as_api_error(error, prefix)
 
 
 def param_path(parts: Iterable[Any], prefix: str = "") -> str:
+    """OpenAI's spelling of a path (`messages[0].content`); a key is cut to QUOTE_CHARS characters."""
     path = prefix
     for part in parts:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        if not isinstance(part, int):
+            part = str(part)[:QUOTE_CHARS]
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
     return path
 
 
@@ -166,9 +194,8 @@ def _as_api_error(error: ValidationError, prefix: str) -> APIError:
     param = param_path(error.absolute_path, prefix)
     where = f"'{param}'" if param else "the request body"
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        known = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
-        extra = sorted(key for key in error.instance if key not in known)
-        name = param_path([extra[0]], param) if extra else param
+        extra = next(jsonschema._utils.find_additional_properties(error.instance, error.schema), None)
+        name = param_path([extra], param) if extra is not None else param
         return invalid_request(f"Unrecognized request argument supplied: {name}", param=name)
     if error.validator == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
@@ -182,7 +209,7 @@ def _as_api_error(error: ValidationError, prefix: str) -> APIError:
         allowed = error.validator_value if error.validator == "enum" else [error.validator_value]
         choices = ", ".join(repr(value) for value in allowed)
         return invalid_request(
-            f"Invalid value for {where}: {error.instance!r}; supported values are {choices}.",
+            f"Invalid value for {where}: {quote(error.instance)}; supported values are {choices}.",
             param=param or None,
             code="invalid_value",
         )

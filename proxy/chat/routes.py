@@ -26,6 +26,7 @@ _ROLE = {"role": "assistant", "content": "", "refusal": None}  # the first delta
 
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
+    state.check_room()  # a 429 before the body is parsed
     chat = await read_chat_request(request, state.config.default_reasoning_effort, state.renderer.tools)
     state.check_model(chat.model)
     state.require_ready()

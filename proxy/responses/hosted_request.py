@@ -28,6 +28,7 @@ BROWSER_TYPES = frozenset({"web_search_preview", "web_search_preview_2025_03_11"
 PYTHON_TYPES = frozenset({"code_interpreter"})
 SERVER_TOOL_TYPES = BROWSER_TYPES | PYTHON_TYPES | {"mcp"}
 MAX_MCP_SERVERS = 16
+MAX_SERVER_TOOLS = MAX_MCP_SERVERS + len(SERVER_TOOL_TYPES)  # a list longer than this plus --max-tools is refused
 
 _STRINGS = {"type": "array", "items": {"type": "string"}}
 _FILTER = {"type": "object", "properties": {"tool_names": _STRINGS, "read_only": {"type": "boolean"}},

@@ -31,7 +31,7 @@ from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choic
 from proxy.options import response_format as _format
 from proxy.responses.client_tools import CLIENT_TOOL_TYPES, read_client_tools
 from proxy.responses.compaction_items import SUMMARY_HEADING, kept_before_compaction, latest_compaction, summary_text
-from proxy.responses.hosted_request import HostedRequest, split_server_tools
+from proxy.responses.hosted_request import MAX_SERVER_TOOLS, HostedRequest, split_server_tools
 from proxy.responses.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.sealing import Sealer
 from proxy.responses.server_items import ID_PREFIXES, ServerItems
@@ -97,6 +97,10 @@ def parse_responses_request(
     """`tools` checks and remembers tool declarations and bounds their number and size (defaults: a new one)."""
     catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
+    tools = body.get("tools")
+    if isinstance(tools, list) and len(tools) > catalog.max_tools + MAX_SERVER_TOOLS:
+        raise invalid_request(f"Invalid 'tools': array too long ({len(tools)} tools).", param="tools",
+                              code="array_above_max_length")  # before anything looks at each of them
     body, hosted = split_server_tools(body)  # from here on `body` holds the function tools only
     check_tool_types(body.get("tools"), catalog, CLIENT_TOOL_TYPES, REFUSED_TOOLS)
     refuse_tool_choice_types(body.get("tool_choice"), ("function", "custom"))

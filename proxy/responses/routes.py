@@ -33,6 +33,7 @@ from proxy.state import ServerState
 
 async def create_response(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
+    state.check_room()  # a 429 before the body is parsed
     config = state.config
     parsed = await read_responses_request(
         request, config.default_reasoning_effort, config.served_model_name, state.renderer.tools

@@ -1,0 +1,153 @@
+"""Bodies built to make the server work: each is refused in time bounded by what it takes to read the body, not by
+how many wrong values it holds, and no other client waits meanwhile (the event loop is never held for long)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.chat.request import parse_chat_request
+from proxy.completions import _REQUEST as COMPLETIONS
+from proxy.errors import APIError
+from proxy.responses.request import parse_responses_request
+from proxy.validation import check
+from tests.conftest import MODEL
+from tests.test_store_processes import ServerProcess
+
+MANY = 1_500_000  # wrong items in one list: a 3 to 6 MB body
+HI = [{"role": "user", "content": "hi"}]
+
+CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("/v1/chat/completions", {"messages": [0] * MANY}, "messages[0]"),
+    ("/v1/chat/completions", {"messages": HI, "stop": [0] * MANY}, "stop"),
+    ("/v1/chat/completions", {"messages": HI, "tools": [0] * MANY}, "tools"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [0] * MANY}]}, "messages[0].content"),
+    ("/v1/responses", {"input": [0] * MANY}, "input"),
+    ("/v1/responses", {"input": "hi", "include": [0] * MANY}, "include"),
+    ("/v1/responses", {"input": "hi", "tools": [0] * MANY}, "tools"),
+    ("/v1/responses", {"input": [{"type": "message", "role": "user", "content": [0] * MANY}]}, "input[0]"),
+    ("/v1/completions", {"prompt": "hi", "stop": [0] * MANY}, "stop"),
+    ("/v1/completions", {"prompt": "hi", "stop_token_ids": ["x"] * MANY}, "stop_token_ids"),
+    ("/v1/completions", {"prompt": [1] + [-1] * MANY}, "prompt"),
+    ("/tokenize", {"messages": [0] * MANY}, "messages[0]"),
+    ("/tokenize", {"messages": HI, "stop": [0] * MANY}, "stop"),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    folder = tmp_path_factory.mktemp("stalls")
+    script = folder / "script.jsonl"
+    script.write_text(json.dumps({"completion": "<|channel|>final<|message|>Hi.<|return|>"}) + "\n", encoding="utf-8")
+    live = ServerProcess(script, folder / "store.sqlite3", folder / "server.log", "--token-delay-ms", "0")
+    yield live
+    live.stop()
+
+
+class HealthWatch:
+    """GET /health back to back in a thread: the longest answer is how long the server's loop was held."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self.longest = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                assert client.get(self._url + "/health").status_code == 200
+                self.longest = max(self.longest, time.perf_counter() - started)
+                time.sleep(0.002)
+
+    def __enter__(self) -> HealthWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _refusal(server: ServerProcess, path: str, body: bytes) -> tuple[httpx.Response, float, float]:
+    """The answer, the quicker of two tries, and the longest a concurrent GET /health took meanwhile."""
+    with httpx.Client(timeout=60) as client:
+        client.get(server.url + "/health")  # connected already: the clock measures the request
+        times = []
+        with HealthWatch(server.url) as watch:
+            for _ in range(2):
+                started = time.perf_counter()
+                response = client.post(server.url + path, content=body, headers={"content-type": "application/json"})
+                times.append(time.perf_counter() - started)
+    return response, min(times), watch.longest
+
+
+@pytest.mark.parametrize(("path", "fields", "param"), CASES)
+def test_a_list_of_wrong_items_is_refused_at_once(server: ServerProcess, path: str, fields: dict[str, Any],
+                                                  param: str) -> None:
+    """Before: 12 to 34 s of CPU to word each 400, other clients' requests held up to 9.7 s. The floor is what
+    any body of that size costs (read and decode it): the same list under a key refused at once."""
+    body = json.dumps({"model": MODEL, **fields}, separators=(",", ":")).encode()
+    longest = max((value for value in fields.values() if isinstance(value, list)), key=len)
+    floor = json.dumps({"model": MODEL, "junk": longest}, separators=(",", ":")).encode()
+    refused, took, held = _refusal(server, path, body)
+    baseline, floor_took, floor_held = _refusal(server, path, floor)
+    print(f"\n{path} {param}: {len(body) / 1e6:.1f} MB, 400 in {took * 1000:.0f} ms "
+          f"(floor {floor_took * 1000:.0f} ms), /health held at most {held * 1000:.0f} ms "
+          f"(floor {floor_held * 1000:.0f} ms)")
+    assert refused.status_code == 400 and baseline.status_code == 400, refused.text[:300]
+    error = refused.json()["error"]
+    assert error["param"].startswith(param), error
+    assert len(refused.content) < 1000  # the error quotes a bounded part of the value
+    assert took < 2 * floor_took + 0.1  # wording the error costs about what reading the body does
+    assert took < 1.5 and held < 0.5  # generous: the test machine is shared; see the README for the figures
+
+
+@pytest.mark.parametrize(("path", "fields", "param"), CASES)
+def test_finding_and_wording_the_error_does_not_grow_with_the_list(path: str, fields: dict[str, Any],
+                                                                   param: str) -> None:
+    """The part of a refusal that used to grow with the list: checking the decoded body and wording its 400."""
+    body = {"model": MODEL, **fields}
+    parse = {"/v1/responses": lambda: parse_responses_request(body, "medium", MODEL),
+             "/v1/completions": lambda: check(body, COMPLETIONS)}.get(path, lambda: parse_chat_request(body, "medium"))
+    times = []
+    for _ in range(3):  # the quickest of three: the test machine is shared
+        started = time.perf_counter()
+        with pytest.raises(APIError) as refused:
+            parse()
+        times.append(time.perf_counter() - started)
+    took = min(times)
+    assert refused.value.status == 400 and refused.value.param.startswith(param)
+    assert len(refused.value.message) < 400
+    assert took < 0.05, f"{took * 1000:.0f} ms"
+
+
+def test_a_full_queue_refuses_before_reading_the_body(tmp_path: Path) -> None:
+    """With the one slot taken and no room to wait, a request is a 429 whatever its body: the server does not
+    parse and check a body it could not serve (a 3 MB body of wrong items would otherwise be a 400)."""
+    script = tmp_path / "long.jsonl"
+    script.write_text(json.dumps({"completion": "<|channel|>final<|message|>" + " word" * 300 + "<|return|>"}) + "\n",
+                      encoding="utf-8")
+    server = ServerProcess(script, tmp_path / "store.sqlite3", tmp_path / "server.log",
+                           "--max-concurrent-requests", "1", "--max-queue", "0")
+    try:
+        with httpx.Client(timeout=30) as client, client.stream(
+            "POST", server.url + "/v1/chat/completions", json={"model": MODEL, "messages": HI, "stream": True}
+        ) as holding:
+            lines = holding.iter_lines()  # kept: a dropped iterator would close the stream
+            next(lines)  # generating: the slot is taken
+            for path, fields, _ in CASES[:2] + CASES[4:5] + CASES[8:9]:
+                body = json.dumps({"model": MODEL, **fields}, separators=(",", ":")).encode()
+                refused = client.post(server.url + path, content=body, headers={"content-type": "application/json"})
+                assert refused.status_code == 429, (path, refused.text[:200])
+                assert refused.headers["retry-after"] == "1"
+    finally:
+        server.stop()
