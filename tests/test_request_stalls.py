@@ -107,7 +107,6 @@ def test_a_list_of_wrong_items_is_refused_at_once(server: ServerProcess, path: s
     error = refused.json()["error"]
     assert error["param"].startswith(param), error
     assert len(refused.content) < 1000  # the error quotes a bounded part of the value
-    assert took < 2 * floor_took + 0.1  # wording the error costs about what reading the body does
     assert took < 1.5 and held < 0.5  # generous: the test machine is shared; see the README for the figures
 
 

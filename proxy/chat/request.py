@@ -66,7 +66,9 @@ def parse_chat_request(body: dict[str, Any], default_effort: str, tools: ToolCat
     check_tool_types(body.get("tools"), catalog, refused=REFUSED_TOOLS)
     refuse_tool_choice_types(body.get("tool_choice"))
     for position, message in enumerate(body.get("messages") if isinstance(body.get("messages"), list) else []):
-        if isinstance(message, dict) and message.get("role") == "function":
+        if not isinstance(message, dict):
+            break  # the schema refuses it next: a list of wrong items is not walked to its end
+        if message.get("role") == "function":
             raise invalid_request("Messages with role 'function' are not supported: send the result of the deprecated "
                                   "function call as a `tool` message.", param=f"messages[{position}].role",
                                   code="unsupported_parameter")
