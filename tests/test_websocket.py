@@ -407,3 +407,39 @@ def test_a_codex_session_extends_every_prompt_token_for_token(serve: Callable[..
     for step, conversation in enumerate(conversations):
         http_events(http_server, body | {"input": conversation})
         assert engine.requests[step].prompt_token_ids == http_engine.requests[step].prompt_token_ids, step
+
+
+def test_admission_refuses_over_websocket_as_over_http(serve: Callable[..., LiveServer], vocab: Any) -> None:
+    """One slot, no queue: a second response while the first generates is an `error` event, status 429, with
+    Retry-After, before any response event; the connection goes on."""
+    from proxy.admission import AdmissionQueue, AdmittedEngine
+
+    long = "<|channel|>final<|message|>" + "word " * 400 + "<|return|>"
+    server = serve(engine=AdmittedEngine(scripted_engine(vocab, [long], token_delay=0.002), AdmissionQueue(1, 0)))
+
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        async with websockets.connect(ws_url(server)) as socket:
+            lanes: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+            await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "stream_id": "a"}))
+            lanes["a"].append(json.loads(await asyncio.wait_for(socket.recv(), 10)))  # a holds the slot
+            await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "stream_id": "b"}))
+            while not all(events and events[-1]["type"] in TERMINAL for events in lanes.values()):
+                event = json.loads(await asyncio.wait_for(socket.recv(), 10))
+                lanes[event["stream_id"]].append(event)
+            return lanes["a"], lanes["b"]
+
+    first, second = asyncio.run(run())
+    assert first[-1]["type"] == "response.completed"
+    assert [event["type"] for event in second] == ["error"]
+    assert second[0]["status"] == 429 and second[0]["error"]["code"] == "server_overloaded"
+    assert second[0]["headers"] == {"Retry-After": "1"}
+
+
+def test_a_connection_keeps_a_bounded_number_of_turns(vocab: Any) -> None:
+    from proxy.responses.turns import Plan, Turns
+
+    kept = Turns(None, max_turns=2)
+    for number in range(3):
+        kept.remember(f"resp_{number}", Plan([], [{"type": "message", "role": "user", "content": []}], None, {}, None),
+                      [])
+    assert kept.get("resp_0") is None and kept.get("resp_1") is not None and kept.get("resp_2") is not None
