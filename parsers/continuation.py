@@ -39,7 +39,8 @@ def header_of(prompt: Prompt, leading: Sequence[Instructions]) -> tuple[Hashable
     """Everything the system and developer messages are rendered from (parsers/render.py)."""
     return (prompt.reasoning_effort, tuple(sorted(set(prompt.builtin_tools))), tuple(item.text for item in leading),
             tuple(tool.key for tool in prompt.tools), tuple(sorted(prompt.namespaces.items())),
-            tuple(sorted(prompt.tool_namespaces.items())), prompt.response_format)  # type: ignore[return-value]  # a ResponseFormat compares by value
+            tuple(sorted(prompt.tool_namespaces.items())),
+            prompt.response_format)  # type: ignore[return-value]  # a ResponseFormat compares by value
 
 
 async def first(renderer: Renderer, prompt: Prompt, tokens: list[int]) -> Rendered:

@@ -36,8 +36,8 @@ class APIKeyMiddleware:
             if "websocket.http.response" in scope.get("extensions", {}):
                 error = _refusal()
                 body = error.response().body
-                await send({"type": "websocket.http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+                headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+                await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
                 await send({"type": "websocket.http.response.body", "body": body})
             else:
                 await send({"type": "websocket.close", "code": 1008, "reason": "Incorrect API key provided."})

@@ -300,8 +300,9 @@ def test_agents_sdk_over_its_websocket_transport(serve: Callable[..., LiveServer
         return f"sunny, 18 degrees in {city}"
 
     async def run() -> Any:
-        async with responses_websocket_session(api_key="unused", base_url=server.base_url + "/v1",
-                                               openai_prefix_mode="model_id", unknown_prefix_mode="model_id") as session:
+        async with responses_websocket_session(
+                api_key="unused", base_url=server.base_url + "/v1", openai_prefix_mode="model_id",
+                unknown_prefix_mode="model_id") as session:
             agent = Agent(name="weather", instructions="Answer with the weather tool.", tools=[get_weather],
                           model=MODEL)
             result = session.run_streamed(agent, "What is the weather in Paris?")

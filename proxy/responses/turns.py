@@ -7,8 +7,8 @@ its new items (the turn's output, then its input) and extends the turn's tokens.
 (`MAX_TURNS`, `MAX_TOKENS`, least recently used first) and dropped with the connection.
 
 Requests that run server-side tools, and items other than messages, reasoning, function and custom tool calls and
-their outputs (server-side tools' items, compaction, additional tools), take the full path (proxy/responses/routes.py renders them): what they
-mean depends on more than each item alone.
+their outputs (server-side tools' items, compaction, additional tools), take the full path (routes.py renders
+them): what they mean depends on more than each item alone.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from proxy.observer import publish
 from proxy.request_record import RequestRecord, current_record, request_id_from
 from proxy.responses import turns
 from proxy.responses.frames import EventWriter
-from proxy.responses.request import ResponsesRequest, parse_responses_request, resolve
+from proxy.responses.request import parse_responses_request, resolve
 from proxy.responses.routes import check_create, new_run, prewarm_run
 from proxy.responses.run import ResponseRun
 from proxy.state import ServerState
