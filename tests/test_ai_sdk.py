@@ -62,7 +62,7 @@ def test_multi_step_tool_loop(
     serve: Callable[..., LiveServer], vocab: Any, node_modules: Path, provider: str, mode: str
 ) -> None:
     engine = Recording(scripted_engine(vocab, [CALL, ANSWER]))
-    server = serve(engine=engine, reasoning_summary_events=True)
+    server = serve(engine=engine)  # the responses providers ask for summaries (reasoningSummary: "auto")
     output = run_script(server, provider, mode)
     assert output["error"] is None, output["error"]
     result = output["result"]
