@@ -283,3 +283,23 @@ def test_upstreams_get_the_grammar_in_their_dialect_and_say_what_it_leaves_free(
     assert "%lark {\n" + APPLY_PATCH_GRAMMAR in fields["structured_outputs"]["grammar"] and free == ""
     fields, free = GuidedDecoding("sglang", "xgrammar").fields(constraint)  # structural tags take no Lark
     assert fields["response_format"]["type"] == "structural_tag" and "apply_patch" in free
+
+
+@pytest.mark.parametrize("body", [
+    {"input": [{"type": "additional_tools", "role": "developer", "tools": [1]}]},
+    {"input": [{"type": "additional_tools", "role": "developer", "tools": [{"type": "file_search"}]}]},
+    {"input": [{"type": "additional_tools", "role": "user", "tools": []}]},
+    {"input": "Hi", "tools": [{"type": "namespace", "name": "x", "description": "d", "tools": "many"}]},
+    {"input": "Hi", "tools": [{"type": "namespace", "name": "x", "description": "d", "tools": [[]]}]},
+    {"input": "Hi", "tools": [{"type": "custom", "name": "p", "format": {"type": "grammar"}}]},
+    {"input": "Hi", "tools": [{"type": "custom", "name": "p q"}]},
+    {"input": "Hi", "tools": [{"type": "custom", "name": "p"}], "tool_choice": {"type": "custom", "name": "q"}},
+    {"input": "Hi", "tools": [{"type": "custom", "name": "p"}], "tool_choice": {"type": "function", "name": "p"}},
+    {"input": [{"type": "custom_tool_call_output", "call_id": "call_9", "output": "x"}]},
+    {"input": [{"role": "user", "content": "Hi"}, {**VIEW_CALL, "namespace": "a.b"}]},
+    {"input": [{"role": "user", "content": "Hi"}, {"type": "custom_tool_call", "call_id": "c", "name": "p", "input": 3}]},
+])
+def test_malformed_dialect_requests_are_400s(serve: Callable[..., LiveServer], body: dict[str, Any]) -> None:
+    response = post(serve(completions=[ANSWER]), body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"]
