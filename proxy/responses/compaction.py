@@ -114,11 +114,15 @@ def threshold(parsed: ResponsesRequest, max_model_len: int) -> int | None:
 
 
 async def compact_first(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],
-                        items: list[dict[str, Any]], triggered: bool) -> tuple[dict[str, Any] | None, Outcome | None]:
+                        items: list[dict[str, Any]], triggered: bool,
+                        prompt: list[int] | None = None) -> tuple[dict[str, Any] | None, Outcome | None]:
     """Before a create request generates: the compaction item to answer from (None: no compaction) and the
-    summary's outcome. A compaction_trigger always compacts; `context_management` does past its threshold."""
+    summary's outcome. A compaction_trigger always compacts; `context_management` does past its threshold.
+    `prompt`: the request's rendered prompt, when the caller has it (a WebSocket continuation)."""
     limit = threshold(parsed, state.config.max_model_len)
-    if not triggered and (limit is None or len(await rendered_prompt(state, parsed, history, items)) <= limit):
+    if not triggered and limit is not None and prompt is None:
+        prompt = await rendered_prompt(state, parsed, history, items)
+    if not triggered and (limit is None or len(prompt) <= limit):  # type: ignore[arg-type]
         return None, None
     summary, outcome = await summarize(state, parsed, history, items)
     return compaction_item(state.sealer, summary), outcome

@@ -73,7 +73,7 @@ async def new_run(state: ServerState, parsed: ResponsesRequest, history: list[di
     response_id = new_id("resp_")
     items, triggered = split_trigger(items)
     # Compaction (proxy/responses/compaction.py): the output begins with the compaction item, the prompt ends with it.
-    compacting = compact_first(state, parsed, history, items, triggered)
+    compacting = compact_first(state, parsed, history, items, triggered, prompt)
     compaction, summarized = await (unless_disconnected(watch, compacting) if watch is not None else compacting)
     leading = [compaction] if compaction is not None else []
     if compaction is not None:
