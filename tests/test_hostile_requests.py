@@ -163,3 +163,76 @@ def test_usage_is_the_same_streamed_or_not_when_a_stop_string_ends_the_first_ste
                           json={**body, "stream": True, "stream_options": {"include_usage": True}})
     chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
     assert [chunk["usage"] for chunk in chunks if chunk.get("usage")] == [plain]
+
+
+SURROGATE = b"\xed\xa0\x80"  # a lone surrogate written as raw bytes: not UTF-8
+FN = {"type": "function", "name": "f", "description": "DESCRIPTION", "parameters": {"type": "object"}}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/responses", {"input": "hi", "metadata": {"k": "BAD"}}, "metadata.k"),
+        ("/v1/responses", {"input": "hi", "instructions": "BAD"}, "instructions"),
+        ("/v1/responses", {"input": "hi", "tools": [{**FN, "description": "BAD"}]}, "tools[0].description"),
+        ("/v1/responses", {"input": "BAD", "stream": True}, "input"),
+        ("/v1/responses", {"input": "BAD", "background": True}, "input"),
+        ("/v1/responses", {"input": [{"role": "user", "content": "BAD"}], "store": True}, "input[0].content"),
+        (CHAT, {"messages": [{"role": "user", "content": "BAD"}]}, "messages[0].content"),
+        (CHAT, {"messages": HI, "stream": True, "user": "BAD"}, "user"),
+        ("/v1/completions", {"prompt": "BAD"}, "prompt"),
+        ("/tokenize", {"messages": [{"role": "user", "content": "BAD"}]}, "messages[0].content"),
+    ],
+)
+@pytest.mark.parametrize("bad", [SURROGATE, b"\xff", b"\\udc00"])
+def test_text_that_is_not_utf8_is_a_400_naming_the_field_and_nothing_is_stored(
+    serve: Callable[..., LiveServer], tmp_path: Any, path: str, body: dict[str, Any], param: str, bad: bytes
+) -> None:
+    import sqlite3
+
+    live = serve(store_path=tmp_path / "store.sqlite3")
+    raw = json.dumps({"model": MODEL, **body}).encode().replace(b"BAD", b"a" + bad + b"b")
+    response = post(live, path, raw)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    assert response.json()["error"]["code"] == "invalid_json"
+    time.sleep(0.2)  # a background job, had one started, would have saved by now
+    with sqlite3.connect(tmp_path / "store.sqlite3") as db:
+        assert db.execute("SELECT count(*) FROM responses").fetchone() == (0,)
+
+
+def test_a_bad_key_is_named_too(server: LiveServer) -> None:
+    raw = b'{"model":"openai/gpt-oss-20b","input":"hi","metadata":{"a' + SURROGATE + b'":"x"}}'
+    response = post(server, "/v1/responses", raw)
+    assert response.status_code == 400 and response.json()["error"]["param"].startswith("metadata.a")
+
+
+def test_a_stored_lone_surrogate_cannot_fail_a_get(serve: Callable[..., LiveServer], tmp_path: Any) -> None:
+    """Saved before such text was refused: it reads back as U+FFFD rather than a 500 on every GET."""
+    import asyncio
+
+    from proxy.responses.store import SQLiteResponseStore, StoredResponse
+
+    path = tmp_path / "old.sqlite3"
+    resource = {"id": "resp_old", "object": "response", "created_at": 1, "status": "completed", "model": MODEL,
+                "metadata": {"k": "a\ud800b"}, "instructions": "\udfff",
+                "output": [{"id": "msg_old", "type": "message", "role": "assistant", "status": "completed",
+                            "content": [{"type": "output_text", "text": "hi \U0001f9ea\ud83e", "annotations": []}]}]}
+    item = {"id": "in_old", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "\ud800"}]}
+
+    async def save() -> None:
+        store = SQLiteResponseStore(path)
+        await store.save(StoredResponse(resource, [item]))
+        await store.close()
+
+    asyncio.run(save())
+    live = serve(store_path=path)
+    got = httpx.get(live.base_url + "/v1/responses/resp_old", timeout=10)
+    assert got.status_code == 200, got.text
+    assert got.json()["metadata"] == {"k": "a\ufffdb"}
+    assert got.json()["output"][0]["content"][0]["text"] == "hi \U0001f9ea\ufffd"
+    items = httpx.get(live.base_url + "/v1/responses/resp_old/input_items", timeout=10)
+    assert items.status_code == 200 and items.json()["data"][0]["content"][0]["text"] == "\ufffd"
+    again = httpx.post(live.base_url + "/v1/responses", timeout=30,
+                       json={"model": MODEL, "input": "more", "previous_response_id": "resp_old"})
+    assert again.status_code == 200, again.text

@@ -265,7 +265,7 @@ class SQLiteResponseStore:
             return db.execute("SELECT resource, input_items FROM responses WHERE id = ?", (response_id,)).fetchone()
 
         row = await self._run("load", read)
-        return StoredResponse(json.loads(row[0]), json.loads(row[1])) if row else None
+        return StoredResponse(_loads(row[0]), _loads(row[1])) if row else None
 
     async def delete(self, response_id: str) -> bool:
         def remove(db: sqlite3.Connection) -> bool:
@@ -294,7 +294,7 @@ class SQLiteResponseStore:
             return None
         items: list[dict[str, Any]] = []
         for input_items, resource in rows:
-            items += json.loads(input_items) + json.loads(resource)["output"]
+            items += _loads(input_items) + _loads(resource)["output"]
         return items
 
     async def items(self, item_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -310,7 +310,7 @@ class SQLiteResponseStore:
                 db.execute("COMMIT")
             return rows
 
-        return {item_id: json.loads(item) for item_id, item in await self._run("items", read)} if item_ids else {}
+        return {item_id: _loads(item) for item_id, item in await self._run("items", read)} if item_ids else {}
 
     async def request_cancel(self, response_id: str) -> bool:
         def write(db: sqlite3.Connection) -> bool:
@@ -337,7 +337,7 @@ class SQLiteResponseStore:
             with _transaction(db):  # look again: an owner may have saved in between
                 rows = db.execute(_ABANDONED, (time.time() - lease,)).fetchall()
                 for response_id, resource, input_items, cancel_requested in rows:
-                    record = StoredResponse(json.loads(resource), json.loads(input_items))
+                    record = StoredResponse(_loads(resource), _loads(input_items))
                     end(record, bool(cancel_requested))
                     self._write(db, record)
             return [row[0] for row in rows]
@@ -415,13 +415,13 @@ class SQLiteResponseStore:
                 db.execute("COMMIT")
 
         rows = await self._run("conversation_items", read)
-        return None if rows is None else [json.loads(row[0]) for row in rows]
+        return None if rows is None else [_loads(row[0]) for row in rows]
 
     async def conversation_item(self, conversation_id: str, item_id: str) -> dict[str, Any] | None:
         row = await self._run("conversation_item", lambda db: db.execute(
             "SELECT item FROM conversation_items WHERE conversation_id = ? AND id = ?",
             (conversation_id, item_id)).fetchone())
-        return json.loads(row[0]) if row else None
+        return _loads(row[0]) if row else None
 
     async def delete_conversation_item(self, conversation_id: str, item_id: str) -> bool:
         return await self._run("delete_conversation_item", lambda db: db.execute(
@@ -440,7 +440,20 @@ def _append(db: sqlite3.Connection, conversation_id: str, items: list[dict[str, 
 
 def _conversation(conversation_id: str, created_at: int, metadata: str) -> dict[str, Any]:
     return {"id": conversation_id, "object": "conversation", "created_at": created_at,
-            "metadata": json.loads(metadata)}
+            "metadata": _loads(metadata)}
+
+
+def _loads(text: str) -> Any:
+    """A stored JSON text. One saved before text that UTF-8 cannot carry was refused (proxy/validation.py) may hold
+    a lone surrogate, which no answer could encode: it reads as U+FFFD, so that nothing stored can fail a GET."""
+    value = json.loads(text)
+    if "\\ud" in text or "\\uD" in text:  # json.dumps escapes every surrogate, paired or not
+        shown = json.dumps(value, ensure_ascii=False)
+        try:
+            shown.encode("utf-8")
+        except UnicodeEncodeError:
+            value = json.loads(shown.encode("utf-16", "surrogatepass").decode("utf-16", "replace"))
+    return value
 
 
 class _transaction:
