@@ -444,3 +444,34 @@ def test_a_connection_keeps_a_bounded_number_of_turns(vocab: Any) -> None:
         kept.remember(f"resp_{number}", Plan([], [{"type": "message", "role": "user", "content": []}], None, {}, None),
                       [])
     assert kept.get("resp_0") is None and kept.get("resp_1") is not None and kept.get("resp_2") is not None
+
+
+def test_context_management_compacts_over_websocket(serve: Callable[..., LiveServer], vocab: Any) -> None:
+    """`context_management` on a continued turn: the server compacts (the continuation's prompt is set aside),
+    the compaction item leads the output, and the next turn on the connection renders from it."""
+    from tests.test_compaction import SUMMARIZED, SUMMARY
+
+    engine = Recording(scripted_engine(vocab, [CALL, ANSWER, SUMMARIZED, ANSWER, ANSWER]))
+    server = serve(engine=engine)
+    base = {"type": "response.create", "model": MODEL, "tools": TOOLS, "store": False}
+
+    async def run() -> list[dict[str, Any]]:
+        finals = []
+        async with websockets.connect(ws_url(server)) as socket:
+            await socket.send(json.dumps({**base, "input": "Weather in Paris?"}))
+            finals.append((await until_done(socket))[-1]["response"])
+            call = finals[-1]["output"][-1]
+            for new, extra in (([{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}], {}),
+                               ([{"role": "user", "content": "And tomorrow?"}],
+                                {"context_management": [{"type": "compaction", "compact_threshold": 1}]}),
+                               ([{"role": "user", "content": "Thanks"}], {})):
+                await socket.send(json.dumps({**base, **extra, "input": new,
+                                              "previous_response_id": finals[-1]["id"]}))
+                finals.append((await until_done(socket))[-1]["response"])
+        return finals
+
+    finals = asyncio.run(run())
+    assert [item["type"] for item in finals[2]["output"]] == ["compaction", "reasoning", "message"]
+    assert finals[3]["status"] == "completed"
+    last_prompt = vocab.decode(engine.requests[4].prompt_token_ids)
+    assert SUMMARY in last_prompt and "sunny<|end|>" not in last_prompt
