@@ -113,9 +113,12 @@ def test_context_management_compacts_past_its_threshold(
 def test_under_the_threshold_nothing_is_compacted(serve: Callable[..., LiveServer], vocab: Any) -> None:
     engine = Recording(scripted_engine(vocab, [ANSWER]))
     server = serve(engine=engine)
-    response = client_for(server).responses.create(model=MODEL, input="Hi", extra_body={
-        "context_management": [{"type": "compaction", "compact_threshold": 100_000}]})
+    client = client_for(server)
+    size = client.responses.input_tokens.count(model=MODEL, input="Hi").input_tokens
+    response = client.responses.create(model=MODEL, input="Hi", extra_body={
+        "context_management": [{"type": "compaction", "compact_threshold": size}]})  # at it, not over it
     assert [item.type for item in response.output] == ["reasoning", "message"] and len(engine.requests) == 1
+    assert response.usage.input_tokens == size
 
 
 def test_compaction_trigger_answers_with_the_compaction_item(serve: Callable[..., LiveServer], vocab: Any) -> None:

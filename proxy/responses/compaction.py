@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -104,6 +104,16 @@ def _trimmed(conversation: list[dict[str, Any]], share: float) -> list[dict[str,
             and not (item["type"] == "function_call_output" and item["call_id"] in dropped)]
 
 
+@dataclass
+class Compacted:
+    """What `compact_first` did: the compaction item and the summary's outcome, or the prompt it rendered to
+    decide not to compact (the response's own, when no server-side tools change it)."""
+
+    item: dict[str, Any] | None = None
+    outcome: Outcome | None = None
+    prompt: list[int] | None = None
+
+
 def threshold(parsed: ResponsesRequest, max_model_len: int) -> int | None:
     """The rendered input size past which a create request compacts first, or None."""
     for entry in parsed.body.get("context_management") or []:
@@ -114,18 +124,20 @@ def threshold(parsed: ResponsesRequest, max_model_len: int) -> int | None:
 
 
 async def compact_first(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],
-                        items: list[dict[str, Any]], triggered: bool,
-                        prompt: list[int] | None = None) -> tuple[dict[str, Any] | None, Outcome | None]:
-    """Before a create request generates: the compaction item to answer from (None: no compaction) and the
-    summary's outcome. A compaction_trigger always compacts; `context_management` does past its threshold.
-    `prompt`: the request's rendered prompt, when the caller has it (a WebSocket continuation)."""
+                        items: list[dict[str, Any]], triggered: bool, prompt: list[int] | None = None) -> Compacted:
+    """Before a create request generates: whether to compact, and if so the compaction. A compaction_trigger
+    always compacts; `context_management` does past its threshold. `prompt`: the request's rendered prompt, when
+    the caller has it (a WebSocket continuation)."""
     limit = threshold(parsed, state.config.max_model_len)
-    if not triggered and limit is not None and prompt is None:
-        prompt = await rendered_prompt(state, parsed, history, items)
-    if not triggered and (limit is None or len(prompt) <= limit):  # type: ignore[arg-type]
-        return None, None
+    if not triggered:
+        if limit is None:
+            return Compacted()
+        if prompt is None:
+            prompt = await rendered_prompt(state, parsed, history, items)
+        if len(prompt) <= limit:
+            return Compacted(prompt=prompt)
     summary, outcome = await summarize(state, parsed, history, items)
-    return compaction_item(state.sealer, summary), outcome
+    return Compacted(compaction_item(state.sealer, summary), outcome)
 
 
 async def compact_response(request: Request) -> Response:

@@ -74,13 +74,15 @@ async def new_run(state: ServerState, parsed: ResponsesRequest, history: list[di
     items, triggered = split_trigger(items)
     # Compaction (proxy/responses/compaction.py): the output begins with the compaction item, the prompt ends with it.
     compacting = compact_first(state, parsed, history, items, triggered, prompt)
-    compaction, summarized = await (unless_disconnected(watch, compacting) if watch is not None else compacting)
-    leading = [compaction] if compaction is not None else []
-    if compaction is not None:
+    compacted = await (unless_disconnected(watch, compacting) if watch is not None else compacting)
+    leading = [compacted.item] if compacted.item is not None else []
+    if compacted.item is not None:
         prompt = None  # a caller's rendering predates the compaction
+    elif prompt is None:
+        prompt = compacted.prompt  # rendered to compare with the threshold
     events: RunEvents
-    if triggered and summarized is not None:  # Codex's compaction_trigger: the compaction item is the answer
-        output, outcome, events = _output(state, parsed, leading=leading), summarized, _no_events()
+    if triggered and compacted.outcome is not None:  # Codex's compaction_trigger: the compaction item is the answer
+        output, outcome, events = _output(state, parsed, leading=leading), compacted.outcome, _no_events()
     elif parsed.hosted:  # tools this server runs: the tool loop (proxy/responses/tool_loop.py)
         setup = _tool_loop(state, parsed, history, [*items, *leading], response_id, leading)
         output, outcome, events = await (unless_disconnected(watch, setup) if watch is not None else setup)
