@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from proxy.request_record import RequestRecord, current_record
+from proxy.server_tools.allow import redacted_url
 from proxy.server_tools.headers import REDACTED
 
 access_logger = logging.getLogger("harmony_proxy.access")
@@ -134,25 +135,31 @@ def write_request_line(record: RequestRecord, headers: list[tuple[bytes, bytes]]
 
 
 def redact_body(body: bytes) -> bytes:
-    """The body with every `tools[*].headers` value and `tools[*].authorization` replaced by REDACTED. A body
-    that may hold them but is no JSON object (the server refused it) is not shown at all: it cannot be cleaned."""
-    if b'"tools"' not in body and b"\\u" not in body:  # the key may be written with escapes
-        return body
+    """The body with every secret a Responses request may carry for MCP servers replaced by REDACTED, wherever it
+    is written (a `tools` given twice, or as an object): each `headers` object's values, each `authorization`,
+    and each `server_url`'s query values. A body that may hold one but is no JSON (the server refused it) is not
+    shown at all: it cannot be cleaned."""
+    if not any(key in body for key in (b'"headers"', b'"authorization"', b'"server_url"', b"\\u")):
+        return body  # the keys may be written with escapes
     try:
-        data = json.loads(body)
+        data = json.loads(body, object_pairs_hook=_redacted_object)
     except (ValueError, RecursionError):
-        return _UNREADABLE if b"headers" in body or b"authorization" in body or b"\\u" in body else body
-    if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
-        return body
-    changed = False
-    for tool in data["tools"]:
-        if isinstance(tool, dict) and isinstance(tool.get("headers"), dict):
-            tool["headers"] = dict.fromkeys(tool["headers"], REDACTED)
-            changed = True
-        if isinstance(tool, dict) and tool.get("authorization") is not None:
-            tool["authorization"] = REDACTED
-            changed = True
-    return json.dumps(data, ensure_ascii=False).encode() if changed else body
+        return _UNREADABLE
+    return json.dumps(data, ensure_ascii=False).encode()
+
+
+def _redacted_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """One JSON object, its secrets replaced; a key given twice is shown once, with its last value (as read)."""
+    shown: dict[str, Any] = {}
+    for key, value in pairs:
+        if key == "headers" and isinstance(value, dict):
+            value = dict.fromkeys(value, REDACTED)
+        elif key == "authorization" and value is not None:
+            value = REDACTED
+        elif key == "server_url" and isinstance(value, str):
+            value = redacted_url(value)
+        shown[key] = value
+    return shown
 
 
 def _ms(seconds: float) -> float:

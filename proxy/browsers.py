@@ -94,7 +94,8 @@ class BrowserGuard:
         if origin is not None and not self._allows_origin(origin, host):
             return APIError(403, f"Requests from the origin {origin[:200]!r} are not allowed (see --allowed-origins).",
                             code="origin_not_allowed", type="invalid_request_error")
-        if scope.get("method") == "POST" and content_type is not None and content_type.startswith(_SIMPLE_CONTENT_TYPES):
+        simple = content_type is not None and content_type.startswith(_SIMPLE_CONTENT_TYPES)
+        if scope.get("method") == "POST" and simple:
             return APIError(415, "Send the request body as JSON, with Content-Type: application/json.",
                             param="Content-Type", code="unsupported_media_type", type="invalid_request_error")
         return None

@@ -196,8 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also stream reasoning as response.reasoning_summary_text.* events")
     responses.add_argument("--mcp-allow", action="append", default=[], metavar="URL-PREFIX",
                            help="an MCP server URL prefix clients may name in {\"type\": \"mcp\"} tools (repeatable; "
-                                "scheme, host and port must match, the path at a '/'); none: every server_url is "
-                                "refused")
+                                "scheme, host and port must match, the path at a '/'; redirects and SSE message "
+                                "endpoints too); none: every server_url is refused")
     responses.add_argument("--tool-server", action="append", default=[], metavar="URL",
                            help="an MCP server providing gpt-oss's browser and/or python tool, for web_search_preview "
                                 "and code_interpreter (repeatable; a URL ending in /sse is reached over SSE)")

@@ -101,7 +101,13 @@ def kinds(events: list[dict[str, Any]]) -> list[str]:
 
 
 def allowing(*servers: Running) -> tuple[str, ...]:
-    return tuple(server.url for server in servers)
+    """--mcp-allow for these servers: an SSE server's `/messages/` endpoint too (every URL reached is checked)."""
+    prefixes = []
+    for server in servers:
+        prefixes.append(server.url)
+        if server.url.endswith("/sse"):
+            prefixes.append(server.url.removesuffix("/sse") + "/messages")
+    return tuple(prefixes)
 
 
 @pytest.mark.parametrize("transport", ["streamable-http", "sse"])

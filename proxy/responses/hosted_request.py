@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from proxy.errors import invalid_request
+from proxy.server_tools.allow import redacted_url
 from proxy.server_tools.headers import REDACTED, HeaderError, ServerHeaders
 from proxy.server_tools.listing import McpTool
 from proxy.server_tools.rendering import label_error
@@ -264,6 +265,8 @@ def _echo(tool: dict[str, Any]) -> dict[str, Any]:
         shown["headers"] = dict.fromkeys(tool["headers"], REDACTED)
     if tool.get("authorization") is not None:
         shown["authorization"] = REDACTED
+    if isinstance(tool.get("server_url"), str):
+        shown["server_url"] = redacted_url(tool["server_url"])  # a token in its query is a secret too
     return shown
 
 

@@ -36,7 +36,7 @@ async def rendered_prompt(state: ServerState, parsed: ResponsesRequest, history:
     """The prompt the request's first generation would have, server-side tools declared."""
     prompt = prompt_for(parsed, history, items, state.sealer)
     if parsed.hosted:
-        sessions = McpSessions(McpLimits(call_timeout=state.config.tool_call_timeout))
+        sessions = McpSessions(McpLimits(call_timeout=state.config.tool_call_timeout), state.mcp_allow)
         try:
             hosted = await resolve_hosted(parsed.hosted, state.mcp_allow, state.tool_servers, state.mcp_tool_lists,
                                           sessions, history + items, parsed.body.get("include") or [])

@@ -157,7 +157,7 @@ async def _tool_loop(state: ServerState, parsed: ResponsesRequest, history: list
     """Check and list the server-side tools (400, 424), check the first generation (400), and set the loop up.
     Approved calls run first, in the loop, and the prompt is rendered after them."""
     config = state.config
-    sessions = McpSessions(McpLimits(call_timeout=config.tool_call_timeout))
+    sessions = McpSessions(McpLimits(call_timeout=config.tool_call_timeout), state.mcp_allow)
     try:
         earlier = history + items
         hosted = await resolve_hosted(parsed.hosted, state.mcp_allow, state.tool_servers, state.mcp_tool_lists,

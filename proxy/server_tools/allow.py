@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx2
+
+from proxy.server_tools.headers import REDACTED
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _UNSAFE = re.compile(r"[\x00-\x20\x7f\\]")
@@ -91,6 +94,34 @@ def _host(raw: str) -> str:
     return host
 
 
+def url_secrets(url: str) -> tuple[str, ...]:
+    """What a URL may carry that is a secret: its query (`?token=...`), each value as written and decoded, its
+    userinfo and fragment."""
+    try:
+        parsed = httpx2.URL(url)
+    except (httpx2.InvalidURL, ValueError, TypeError):
+        return ()
+    secrets = [parsed.userinfo.decode("ascii", "replace"), parsed.fragment]
+    query = parsed.query.decode("ascii", "replace")
+    if query:
+        secrets.append(query)
+        for pair in query.split("&"):
+            value = pair.partition("=")[2]
+            secrets += [value, urllib.parse.unquote_plus(value)]
+    return tuple(secret for secret in secrets if secret)
+
+
+def redacted_url(url: str) -> str:
+    """The URL as it may be stored, shown or logged: each query value, and any userinfo or fragment, replaced."""
+    try:
+        parsed = httpx2.URL(url)
+    except (httpx2.InvalidURL, ValueError, TypeError):
+        return REDACTED
+    pairs = parsed.query.decode("ascii", "replace").split("&")
+    query = "&".join(f"{pair.partition('=')[0]}={REDACTED}" for pair in pairs if pair)
+    return str(parsed.copy_with(userinfo=b"", fragment=None, query=query.encode() if query else None))
+
+
 class McpAllowList:
     """The operator's allowed MCP URL prefixes (`--mcp-allow`, repeatable); `check` gates every client URL."""
 
@@ -112,6 +143,13 @@ class McpAllowList:
     @property
     def prefixes(self) -> tuple[str, ...]:
         return tuple(target.shown() for target in self._prefixes)
+
+    def permits(self, url: object) -> bool:
+        try:
+            self.check(url)
+        except McpUrlRefused:
+            return False
+        return True
 
     def check(self, url: object) -> str:
         """The normalized URL to connect to, when a prefix allows it; else McpUrlRefused naming the rule."""

@@ -1,16 +1,18 @@
 """Headers a client asks this server to send to an MCP server (an `Authorization` token, say): secrets.
 
-They are sent and never shown: `repr` names the headers only, error messages never quote a value, and what is
-stored or echoed is `redacted()`, the same object with every value replaced. Caches key on `fingerprint(key)`, a
+They are sent and never shown: `repr` names the headers only, error messages never quote a value (`scrubber`:
+every value, whatever its length, and the token of `Bearer <token>`), and what is stored or echoed is
+`redacted()`, the same object with every value replaced. Caches key on `fingerprint(key)`, a
 keyed hash that reveals nothing without the cache's own random key.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 REDACTED = "[redacted]"
 MAX_HEADERS = 64
@@ -79,14 +81,13 @@ class ServerHeaders:
             digest.update(name.lower().encode() + b"\0" + text.encode() + b"\0")
         return digest.hexdigest()
 
+    def secrets(self) -> tuple[str, ...]:
+        """Every value, and the credential of `Bearer <token>` (a server may quote either)."""
+        return tuple(secret for _, value in self._items for secret in (value, value.rpartition(" ")[2]))
+
     def scrub(self, text: str) -> str:
         """`text` with any header value in it replaced (an error message that quoted one, for instance)."""
-        for _, value in self._items:
-            # The whole value, and the credential of `Bearer <token>`; shorter strings would redact ordinary words.
-            for secret in (value, value.rpartition(" ")[2]):
-                if len(secret) >= 8:
-                    text = text.replace(secret, REDACTED)
-        return text
+        return scrubber(self.secrets())(text)
 
     def __bool__(self) -> bool:
         return bool(self._items)
@@ -101,3 +102,17 @@ class ServerHeaders:
         return f"ServerHeaders({', '.join(self.names)})"
 
     __str__ = __repr__
+
+
+def scrubber(secrets: Iterable[str]) -> Callable[[str], str]:
+    """A function that replaces every occurrence of every secret, however short, in one pass (longest first, so
+    that no part of a longer secret is left, and no replacement is itself rewritten)."""
+    unique = sorted({secret for secret in secrets if secret and secret.strip()}, key=len, reverse=True)
+    if not unique:
+        return _unchanged
+    pattern = re.compile("|".join(map(re.escape, unique)))
+    return functools.partial(pattern.sub, REDACTED)
+
+
+def _unchanged(text: str) -> str:
+    return text

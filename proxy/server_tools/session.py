@@ -9,7 +9,7 @@ Listing fails loudly (`McpServerError`: a response cannot offer tools it cannot 
 returns a failed `ToolOutput` the model is told about (the tool's own error, an MCP error, a timeout, a lost
 connection). Only cancellation passes through, and then the SDK tells the server to stop the call
 (`notifications/cancelled`); closing the session ends the connection (and a handshake-era session on the
-server). Messages and outputs never quote a header value (`ServerHeaders.scrub`).
+server). Messages and outputs never quote a secret of the client's: a header value or a value of the URL's query.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import Any
 
 from mcp import Client
 
+from proxy.server_tools.allow import McpAllowList, url_secrets
 from proxy.server_tools.connect import McpServerError, connect, describe, shown
-from proxy.server_tools.headers import ServerHeaders
+from proxy.server_tools.headers import ServerHeaders, scrubber
 from proxy.server_tools.limits import McpLimits
 from proxy.server_tools.listing import McpTool, ServerTools
 from proxy.server_tools.output import ToolOutput, capped, from_result
@@ -35,19 +36,23 @@ CLOSE_TIMEOUT = 5.0  # seconds a session may take to close before its task is ca
 class McpSession:
     """A connected session (`await McpSession.connect(...)`); `close()` ends it."""
 
-    def __init__(self, url: str, headers: ServerHeaders, limits: McpLimits) -> None:
+    def __init__(self, url: str, headers: ServerHeaders, limits: McpLimits, allow: McpAllowList | None = None) -> None:
         self.url = url
         self.transport = ""
+        self._scrub = scrubber((*headers.secrets(), *url_secrets(url)))
         self._headers = headers
         self._limits = limits
+        self._allow = allow
         self._client: Client | None = None
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    async def connect(cls, url: str, headers: ServerHeaders, limits: McpLimits) -> McpSession:
-        """Connect (McpServerError when the server cannot be reached); cancelling this stops connecting."""
-        session = cls(url, headers, limits)
+    async def connect(cls, url: str, headers: ServerHeaders, limits: McpLimits,
+                      allow: McpAllowList | None = None) -> McpSession:
+        """Connect (McpServerError when the server cannot be reached); cancelling this stops connecting. Every
+        request goes to a URL `allow` allows (None: an operator's --tool-server)."""
+        session = cls(url, headers, limits, allow)
         connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         session._task = asyncio.create_task(session._hold(connected), name=f"MCP session {shown(url)}")
         try:
@@ -61,7 +66,8 @@ class McpSession:
         """The session's task: connect, report to `connected`, wait for `close`, close."""
         try:
             async with AsyncExitStack() as stack:
-                self._client, self.transport = await connect(stack, self.url, self._headers, self._limits)
+                self._client, self.transport = await connect(stack, self.url, self._headers, self._limits,
+                                                             self._scrub, self._allow)
                 connected.set_result(None)
                 await self._closing.wait()
         except McpServerError as exc:
@@ -70,10 +76,10 @@ class McpSession:
         except BaseException as exc:
             if not connected.done():
                 connected.set_exception(McpServerError(
-                    f"Could not connect to the MCP server at {shown(self.url)}: {describe(exc, self._headers)}"))
+                    f"Could not connect to the MCP server at {shown(self.url)}: {describe(exc, self._scrub)}"))
             if not isinstance(exc, Exception):  # cancellation (close gave up waiting), or the process stopping
                 raise
-            logger.debug("MCP session with %s ended: %s", shown(self.url), describe(exc, self._headers))
+            logger.debug("MCP session with %s ended: %s", shown(self.url), describe(exc, self._scrub))
 
     @property
     def connected(self) -> bool:
@@ -120,7 +126,7 @@ class McpSession:
                         break
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, the client is told why, safely
             raise McpServerError(f"Could not list the tools of the MCP server at {shown(self.url)}: "
-                                 f"{describe(exc, self._headers)}") from None
+                                 f"{describe(exc, self._scrub)}") from None
         return ServerTools(self.server_name, self.instructions, tuple(tools.values()))
 
     async def call_tool(self, name: str, arguments: dict[str, Any], timeout: float | None = None) -> ToolOutput:
@@ -133,9 +139,9 @@ class McpSession:
         except TimeoutError:
             return ToolOutput(f"The call to {name} timed out after {limit:g} seconds and was cancelled.", failed=True)
         except Exception as exc:  # noqa: BLE001 - a failed call is a result the model is told about
-            return capped(f"The call to {name} failed: {describe(exc, self._headers)}", self._limits.max_output_chars,
+            return capped(f"The call to {name} failed: {describe(exc, self._scrub)}", self._limits.max_output_chars,
                           failed=True)
-        return from_result(result, self._limits.max_output_chars, self._headers.scrub)
+        return from_result(result, self._limits.max_output_chars, self._scrub)
 
     async def call_tool_json(self, name: str, arguments: str, timeout: float | None = None) -> ToolOutput:
         """`call_tool` with the arguments as the model wrote them: JSON text of an object (empty text: `{}`)."""

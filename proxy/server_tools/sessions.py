@@ -11,6 +11,7 @@ import asyncio
 from types import TracebackType
 from typing import Self
 
+from proxy.server_tools.allow import McpAllowList
 from proxy.server_tools.connect import McpServerError
 from proxy.server_tools.headers import ServerHeaders
 from proxy.server_tools.limits import McpLimits
@@ -18,8 +19,10 @@ from proxy.server_tools.session import McpSession
 
 
 class McpSessions:
-    def __init__(self, limits: McpLimits | None = None) -> None:
+    def __init__(self, limits: McpLimits | None = None, allow: McpAllowList | None = None) -> None:
+        """`allow`: the --mcp-allow list every request to a client's server must pass, redirects included."""
         self.limits = limits or McpLimits()
+        self._allow = allow
         self._open: dict[tuple[str, ServerHeaders], McpSession] = {}
         self._failed: dict[tuple[str, ServerHeaders], McpServerError] = {}
         self._connecting = asyncio.Lock()
@@ -53,7 +56,9 @@ class McpSessions:
             session = self._open.get(key)
             if session is None:
                 try:
-                    session = await McpSession.connect(url, key[1], self.limits)
+                    # A URL the list does not allow reached here only as an operator's --tool-server.
+                    allow = self._allow if self._allow and self._allow.permits(url) else None
+                    session = await McpSession.connect(url, key[1], self.limits, allow)
                 except McpServerError as exc:
                     self._failed[key] = exc
                     raise
