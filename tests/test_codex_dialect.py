@@ -136,6 +136,17 @@ def test_additional_tools_items_offer_their_tools(serve: Callable[..., LiveServe
     assert [tool.type for tool in response.tools] == ["function"]
 
 
+def test_additional_tools_of_a_stored_chain_are_offered_again(serve: Callable[..., LiveServer], vocab: Any) -> None:
+    engine = Recording(scripted_engine(vocab, [ANSWER, NAMESPACED_CALL]))
+    client = client_for(serve(engine=engine))
+    first = client.responses.create(model=MODEL, input=[
+        {"type": "additional_tools", "role": "developer", "tools": [DOCS]}, {"role": "user", "content": "Hi"}])
+    second = client.responses.create(model=MODEL, previous_response_id=first.id, input="Find harmony in the docs.")
+    call = second.output[1]
+    assert (call.type, call.name, call.namespace) == ("function_call", "search", "mcp__docs__")
+    assert "namespace mcp__docs__ {" in vocab.decode(engine.requests[1].prompt_token_ids)
+
+
 def test_the_mock_calls_a_namespace_tool_and_reads_its_result(serve: Callable[..., LiveServer]) -> None:
     server = serve()  # the mock engine
     client = client_for(server)

@@ -184,6 +184,18 @@ async def resolve(request: ResponsesRequest, store: ResponseStore | None,
     return history, resolved
 
 
+def offer_earlier_tools(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]],
+                        catalog: ToolCatalog) -> None:
+    """The tools of additional_tools items from the stored chain, the conversation or a referenced item are offered
+    too, as those of the input are (read when the request was parsed)."""
+    if not any(item["type"] == "additional_tools" for item in history) and \
+            sum(item["type"] == "additional_tools" for item in items) == \
+            sum(item["type"] == "additional_tools" for item in request.input_items):
+        return
+    client = read_client_tools(request.body.get("tools") or [], history + items, catalog)
+    request.tools, request.tool_namespaces = client.tools, client.namespaces
+
+
 async def resolve_references(items: list[dict[str, Any]], store: ResponseStore | None,
                              param: str) -> list[dict[str, Any]]:
     """The items with each `item_reference` replaced by the stored item it names (404 if none)."""

@@ -20,7 +20,13 @@ from proxy.responses.frames import EventWriter
 from proxy.responses.hosted import HostedTools, offered_builtins
 from proxy.responses.hosted import resolve as resolve_hosted
 from proxy.responses.output import ResponseOutput
-from proxy.responses.request import ResponsesRequest, prompt_for, read_responses_request, resolve
+from proxy.responses.request import (
+    ResponsesRequest,
+    offer_earlier_tools,
+    prompt_for,
+    read_responses_request,
+    resolve,
+)
 from proxy.responses.run import ResponseRun, RunEvents, Save
 from proxy.responses.server_items import pending_approvals
 from proxy.responses.store import UNFINISHED, StoredResponse
@@ -40,6 +46,7 @@ async def create_response(request: Request) -> Response:
     )
     await check_create(state, parsed)
     history, items = await resolve(parsed, state.responses)
+    offer_earlier_tools(parsed, history, items, state.renderer.tools)
     run = await new_run(state, parsed, history, items, request.headers, watch=request)
     if parsed.background:  # `background` requires a store, checked above; the job's process owns the record
         await state.responses.save(run.record())  # queued

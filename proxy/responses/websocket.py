@@ -32,7 +32,7 @@ from proxy.observer import publish
 from proxy.request_record import RequestRecord, current_record, request_id_from
 from proxy.responses import turns
 from proxy.responses.frames import EventWriter
-from proxy.responses.request import parse_responses_request, resolve
+from proxy.responses.request import offer_earlier_tools, parse_responses_request, resolve
 from proxy.responses.routes import check_create, new_run, prewarm_run
 from proxy.responses.run import ResponseRun
 from proxy.state import ServerState
@@ -169,6 +169,7 @@ class ResponsesConnection:
             await check_create(state, parsed)
             previous = self._turns.get(parsed.body.get("previous_response_id"))
             history, items = await resolve(parsed, state.responses, previous.items if previous else None)
+            offer_earlier_tools(parsed, history, items, state.renderer.tools)
             plan = await turns.plan(state.renderer, state.sealer, parsed, previous, history, items)
             prompt = plan.rendered.tokens if plan.rendered is not None else None
             if generate:
