@@ -31,7 +31,7 @@ from proxy.engines.base import OutputConstraint
 from proxy.errors import APIError
 from proxy.generation import Outcome, parsed_events
 from proxy.ids import new_id
-from proxy.options import GenerationOptions, generation_request
+from proxy.options import generation_request
 from proxy.responses.compaction_items import compaction_item, kept_before_compaction, retained_messages, split_trigger
 from proxy.responses.hosted import offered_builtins
 from proxy.responses.input_tokens import rendered_prompt
