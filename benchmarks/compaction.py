@@ -46,9 +46,10 @@ TOOLS = [
     {"type": "function", "name": "apply_patch", "description": "Apply a patch to files in the workspace.",
      "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}},
     {"type": "function", "name": "update_plan", "description": "Record the plan and the status of each step.",
-     "parameters": {"type": "object", "properties": {"plan": {"type": "array", "items": {"type": "object", "properties": {
-         "step": {"type": "string"}, "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]}},
-         "required": ["step", "status"]}}}, "required": ["plan"]}},
+     "parameters": {"type": "object", "required": ["plan"], "properties": {"plan": {"type": "array", "items": {
+         "type": "object", "required": ["step", "status"], "properties": {
+             "step": {"type": "string"},
+             "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]}}}}}}},
 ]
 
 
@@ -76,7 +77,8 @@ def session(turns: int, calls_per_turn: int, seed: int = 0) -> list[dict[str, An
             items.append({"type": "function_call", "call_id": call_id, "name": "exec_command",
                           "arguments": json.dumps({"cmd": command, "workdir": "/repo"})})
             items.append({"type": "function_call_output", "call_id": call_id, "output": code(rng, rng.randint(20, 80))})
-        items.append({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": prose(rng, 60)}]})
+        items.append({"type": "reasoning", "summary": [],
+                      "content": [{"type": "reasoning_text", "text": prose(rng, 60)}]})
         items.append({"role": "assistant", "content": f"Done with task {turn}. {prose(rng, 50)}"})
     return items
 
