@@ -40,8 +40,19 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+# Control characters a client can put in a path, a header or a body (%0a, %00 ...): escaped in text lines, so
+# that no client can forge a line or write a NUL. C1 controls and Unicode's line separators too.
+_CONTROLS = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)]}
+_CONTROLS.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def escape_controls(text: str) -> str:
+    return text if text.isprintable() else text.translate(_CONTROLS)
+
+
 class TextFormatter(logging.Formatter):
-    """The server's usual lines, with ` [request id]` after the logger's name on lines about a request."""
+    """The server's usual lines, with ` [request id]` after the logger's name on lines about a request. A line's
+    control characters are escaped (a traceback after it keeps its own lines)."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s%(request_tag)s: %(message)s%(detail_text)s")
@@ -52,6 +63,9 @@ class TextFormatter(logging.Formatter):
         detail = getattr(record, "detail", "")  # an access line's fields, as key=value
         record.detail_text = f" {detail}" if detail else ""
         return super().format(record)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return escape_controls(super().formatMessage(record))
 
 
 class JsonFormatter(logging.Formatter):

@@ -178,3 +178,19 @@ def test_json_log_format_writes_every_line_as_one_object(tmp_path: Path) -> None
     assert len(body) == 1 and PROMPT in body[0]["body"] and "authorization" not in body[0]["headers"]
     assert KEY not in output
     assert not any(e["logger"] == "uvicorn.access" for e in entries)  # ours replaces uvicorn's access log
+
+
+def test_control_characters_in_a_path_cannot_forge_a_line(serve: Callable[..., LiveServer],
+                                                          logs: pytest.LogCaptureFixture) -> None:
+    server = serve()
+    forged = "INFO harmony_proxy.access: POST /v1/chat/completions 200"
+    response = httpx.get(server.base_url + "/v1/x%0a" + forged.replace(" ", "%20") + "%00%0d%1b[31m", timeout=10)
+    assert response.status_code == 404
+    request_id = response.headers["x-request-id"]
+    fields = access_line(logs, request_id)
+    assert "\n" in fields["path"]  # the field holds what was asked; the text line shows it escaped
+    record = next(r for r in logs.records if r.name == "harmony_proxy.access" and r.request_id == request_id)
+    line = TextFormatter().format(record)
+    assert "\n" not in line and "\x00" not in line and "\r" not in line and "\x1b" not in line
+    assert "/v1/x\\n" + forged + "\\x00\\r\\x1b[31m" in line
+    assert "\\u0000" in JsonFormatter().format(record)  # JSON lines escape them as JSON does
