@@ -14,9 +14,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.engines.base import EngineError
+from proxy.schema_errors import QUOTE_CHARS, quote
 
 logger = logging.getLogger("harmony_proxy")
 
+MAX_MESSAGE_CHARS = 2000  # a backstop: messages quote at most ~100 characters of a value (proxy/schema_errors.py)
+MAX_PARAM_CHARS = 300
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error"}
 
 
@@ -31,10 +34,12 @@ class APIError(Exception):
         type: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:  # whatever a message quotes, an error stays small
+            message = message[:MAX_MESSAGE_CHARS] + "..."
         super().__init__(message)
         self.status = status
         self.message = message
-        self.param = param
+        self.param = param[:MAX_PARAM_CHARS] if param is not None else None
         self.code = code
         self.type = type or _default_type(status)
         self.headers = headers
@@ -58,7 +63,7 @@ def from_engine(exc: EngineError) -> APIError:
 def model_not_found(model: Any) -> APIError:
     return APIError(
         404,
-        f"The model `{model}` does not exist or you do not have access to it.",
+        f"The model `{_short(model)}` does not exist or you do not have access to it.",
         param="model",
         code="model_not_found",
         type="invalid_request_error",
@@ -99,3 +104,7 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
 async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
     logger.exception("unexpected error on %s %s", request.method, request.url.path)
     return APIError(500, "The server had an error while processing your request.", type="server_error").response()
+
+
+def _short(value: Any) -> str:
+    return value if isinstance(value, str) and len(value) <= QUOTE_CHARS else quote(value)

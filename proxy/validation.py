@@ -23,6 +23,9 @@ T = TypeVar("T")
 # A gpt-oss context (131,072 tokens) holds well under 8 MiB of text.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_JSON_DEPTH = 64
+# OpenAI's limits on `metadata`: 16 pairs, keys of at most 64 characters, string values of at most 512.
+METADATA: dict[str, Any] = {"type": ["object", "null"], "maxProperties": 16, "propertyNames": {"maxLength": 64},
+                            "additionalProperties": {"type": "string", "maxLength": 512}}
 # From this size on, decoding and checking a body takes over ~1 ms: it runs in a worker thread, where the GIL
 # passes back to the event loop every few milliseconds (a hop there and back costs ~0.1 ms).
 LARGE_BODY_BYTES = 256 * 1024

@@ -236,3 +236,45 @@ def test_a_stored_lone_surrogate_cannot_fail_a_get(serve: Callable[..., LiveServ
     again = httpx.post(live.base_url + "/v1/responses", timeout=30,
                        json={"model": MODEL, "input": "more", "previous_response_id": "resp_old"})
     assert again.status_code == 200, again.text
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/responses"])
+@pytest.mark.parametrize(
+    ("metadata", "param"),
+    [
+        ({f"k{n}": "v" for n in range(17)}, "metadata"),  # OpenAI's limits: 16 pairs,
+        ({"k" * 65: "v"}, "metadata"),  # keys of at most 64 characters,
+        ({"k": "v" * 513}, "metadata.k"),  # values of at most 512
+        ({"k": "v" * 4_700_000}, "metadata.k"),  # a 4.7 MB value: the error quotes ~100 characters of it
+    ],
+)
+def test_metadata_has_openais_limits_and_errors_quote_little(server: LiveServer, path: str,
+                                                              metadata: dict[str, str], param: str) -> None:
+    body = {"model": MODEL, "metadata": metadata, **({"messages": HI} if path == CHAT else {"input": "hi"})}
+    response = httpx.post(server.base_url + path, json=body, timeout=30)
+    assert response.status_code == 400, response.text[:300]
+    assert response.json()["error"]["param"] == param
+    assert len(response.content) < 600
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/responses"])
+def test_metadata_at_the_limits_is_fine(server: LiveServer, path: str) -> None:
+    metadata = {f"{n:02d}" + "k" * 62: "v" * 512 for n in range(16)}
+    body = {"model": MODEL, "metadata": metadata, **({"messages": HI} if path == CHAT else {"input": "hi"})}
+    assert httpx.post(server.base_url + path, json=body, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (CHAT, {"model": "m" * 4_000_000, "messages": HI}),
+        (CHAT, {"messages": HI, "reasoning_effort": "e" * 4_000_000}),
+        (CHAT, {"messages": HI, "x" * 4_000_000: 1}),
+        ("/v1/responses", {"input": "hi", "truncation": ["auto"] * 1_000_000}),
+        ("/v1/responses", {"input": "hi", "model": {"k" * 1_000_000: 1}}),
+    ],
+)
+def test_an_error_quotes_a_bounded_part_of_the_value(server: LiveServer, path: str, body: dict[str, Any]) -> None:
+    response = httpx.post(server.base_url + path, json={"model": MODEL, **body}, timeout=30)
+    assert 400 <= response.status_code < 500, response.text[:300]
+    assert len(response.content) < 1000, response.text[:300]

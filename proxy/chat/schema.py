@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.validation import METADATA
+
 EFFORT = {"enum": ["none", "minimal", "low", "medium", "high", "xhigh", None]}  # proxy/options.py maps them
 _NULLABLE_BOOL = {"type": ["boolean", "null"]}
 # Prompt-caching hints on a content part: the engine's prefix cache needs none, so they are ignored.
@@ -253,7 +255,7 @@ CHAT_REQUEST: dict[str, Any] = {
         # (caching hints: the engine's prefix cache works unasked; `prediction` only speeds up OpenAI's decoding,
         # and the answer is the same without it).
         "user": {"type": ["string", "null"]},
-        "metadata": {"type": ["object", "null"], "additionalProperties": {"type": "string"}},
+        "metadata": METADATA,
         "store": _NULLABLE_BOOL,
         "service_tier": {"enum": [*SERVICE_TIERS, None]},
         "safety_identifier": {"type": ["string", "null"]},

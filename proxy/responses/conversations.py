@@ -20,17 +20,15 @@ from proxy.responses.request import conversation_not_found, normalize_items, ref
 from proxy.responses.schema import INCLUDABLE
 from proxy.responses.store import DuplicateItem, ResponseStore
 from proxy.state import ServerState
-from proxy.validation import check, compile_schema, read_json_object
+from proxy.validation import METADATA, check, compile_schema, read_json_object
 
 MAX_ITEMS_PER_REQUEST = 20  # as OpenAI: "You may add up to 20 items at a time."
 
-_METADATA = {"type": ["object", "null"], "maxProperties": 16, "propertyNames": {"maxLength": 64},
-             "additionalProperties": {"type": "string", "maxLength": 512}}
 _ITEMS = {"type": "array", "maxItems": MAX_ITEMS_PER_REQUEST, "items": {"type": "object"}}
 _CREATE = compile_schema({"type": "object", "additionalProperties": False,
-                          "properties": {"items": {"anyOf": [{"type": "null"}, _ITEMS]}, "metadata": _METADATA}})
+                          "properties": {"items": {"anyOf": [{"type": "null"}, _ITEMS]}, "metadata": METADATA}})
 _UPDATE = compile_schema({"type": "object", "additionalProperties": False, "required": ["metadata"],
-                          "properties": {"metadata": _METADATA}})
+                          "properties": {"metadata": METADATA}})
 _ADD = compile_schema({"type": "object", "additionalProperties": False, "required": ["items"],
                        "properties": {"items": _ITEMS}})
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.responses.server_items import SERVER_ITEMS
+from proxy.validation import METADATA
 
 _NULLABLE_BOOL = {"type": ["boolean", "null"]}
 _STRING = {"type": "string"}
@@ -223,7 +224,7 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
         "format": {"anyOf": [{"type": "null"}, _FORMAT]},
         "verbosity": {"enum": ["low", "medium", "high", None]},  # proxy/options.py: VERBOSITY_NOTES
     }, "additionalProperties": False},
-    "metadata": {"type": ["object", "null"], "maxProperties": 16, "additionalProperties": _STRING},
+    "metadata": METADATA,
     "store": _NULLABLE_BOOL,
     "previous_response_id": {"type": ["string", "null"]},
     "conversation": {"anyOf": [{"type": ["string", "null"]}, _object(["id"], {"id": _STRING})]},
