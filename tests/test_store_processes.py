@@ -159,14 +159,15 @@ def test_only_a_dead_owners_jobs_are_ended(tmp_path: Path) -> None:
 class ServerProcess:
     """`python -m proxy serve` with the scripted engine, on a loopback port of its own."""
 
-    def __init__(self, script: Path, store: Path, log: Path, *options: str) -> None:
+    def __init__(self, script: Path | None, store: Path, log: Path, *options: str) -> None:
+        """With no `script`, the mock engine."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = log
-        command = [sys.executable, "-m", "proxy", "serve", "--engine", "scripted", "--script", str(script),
-                   "--token-delay-ms", "20", "--host", "127.0.0.1", "--port", str(self.port),
+        engine = ["--engine", "scripted", "--script", str(script)] if script is not None else ["--engine", "mock"]
+        command = [sys.executable, "-m", "proxy", "serve", *engine, "--token-delay-ms", "20", "--host", "127.0.0.1", "--port", str(self.port),
                    "--store-path", str(store), "--shutdown-timeout", "2", *options]
         with log.open("ab") as output:
             self.process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output)

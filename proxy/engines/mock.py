@@ -43,6 +43,10 @@ _FALLBACK_TEXTS = ('"}', "}", '"', "]", "0", "null", "true", ",", ":", "{", "[",
 def mock_engine(vocab: Vocab, token_delay: float = 0.0, tokens_per_step: int = 1,
                 matchers: GrammarMatchers | None = None) -> PlaybackEngine:
     """`matchers` lets several engines of one process share the grammar tokenizer (a second to build)."""
+    matchers = matchers or GrammarMatchers(vocab)
+    # Built now, at start-up, not by the first request with a grammar: building it holds the GIL for a second or
+    # two (tiktoken and llguidance), which would stall every stream, worker thread or not.
+    matchers.tokenizer()
     return PlaybackEngine("mock", MockModel(vocab, matchers).write_off_loop, token_delay, tokens_per_step)
 
 
