@@ -11,10 +11,11 @@ so nothing is written outside it; Codex may try its own online services, which f
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,9 @@ def codex_binary() -> Path:
 class Codex:
     """One Codex installation (CODEX_HOME) pointed at a server, and the folder it works in."""
 
-    def __init__(self, binary: Path, folder: Path, server: LiveServer) -> None:
+    def __init__(self, binary: Path, folder: Path, server: LiveServer, websocket: bool = False) -> None:
         self.binary = binary
+        self.websocket = websocket
         self.home = folder / "codex-home"
         self.workdir = folder / "project"
         self.home.mkdir()
@@ -59,6 +61,7 @@ model_provider = "harmony"
 name = "harmony-proxy"
 base_url = "{server.base_url}/v1"
 wire_api = "responses"
+supports_websockets = {"true" if websocket else "false"}
 
 [model_providers.harmony.auth]
 command = "echo"
@@ -92,9 +95,22 @@ def turn_completed(events: list[dict[str, Any]]) -> None:
     assert events[-1]["type"] == "turn.completed", events[-1]
 
 
-@pytest.fixture
-def codex(codex_binary: Path, tmp_path: Path) -> Callable[[LiveServer], Codex]:
-    return lambda server: Codex(codex_binary, tmp_path, server)
+def responses_requests(caplog: pytest.LogCaptureFixture) -> list[tuple[str, int]]:
+    """The server's access log: (method, status) of each request to /v1/responses, a WebSocket create's is `WS`."""
+    return [(record.args[0], record.args[2]) for record in caplog.get_records("call")  # type: ignore[index]
+            if record.name == "harmony_proxy.access" and record.args[1] == "/v1/responses"]  # type: ignore[index]
+
+
+@pytest.fixture(params=["http", "websocket"])
+def codex(request: pytest.FixtureRequest, codex_binary: Path, tmp_path: Path,
+          caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[LiveServer], Codex]]:
+    """Codex over HTTP (SSE), and over the WebSocket mode (`supports_websockets = true` on the provider)."""
+    caplog.set_level(logging.INFO, logger="harmony_proxy.access")
+    websocket = request.param == "websocket"
+    yield lambda server: Codex(codex_binary, tmp_path, server, websocket)
+    # Every request came the way the provider says, and succeeded: no fallback from the WebSocket to HTTP.
+    seen = responses_requests(caplog)
+    assert seen and set(seen) == {("WS" if websocket else "POST", 200)}, seen
 
 
 SHELL_CALL = (
@@ -129,7 +145,8 @@ def prompts(engine: Recording, vocab: Any) -> list[str]:
 
 
 def test_shell_tool_loop_with_reasoning_shown(
-    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex]
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex],
+    caplog: pytest.LogCaptureFixture
 ) -> None:
     server, engine = started(serve, vocab, [SHELL_CALL, SHELL_ANSWER])
     agent = codex(server)
@@ -148,10 +165,14 @@ def test_shell_tool_loop_with_reasoning_shown(
     assert "namespace functions" in first and "exec_command" in first
     assert "hello from the notes" in second  # the command's output went back to the model
     assert second.count("Read the notes first.") == 1  # its reasoning too, rendered once (summary and content)
+    # Over the WebSocket Codex first pre-warms (`generate: false`, its developer message and tools, nothing
+    # generated), then continues from it with `previous_response_id`.
+    assert len(responses_requests(caplog)) == len(engine.requests) + agent.websocket
 
 
 def test_resumed_second_turn(
-    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex]
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex],
+    caplog: pytest.LogCaptureFixture
 ) -> None:
     server, engine = started(serve, vocab, [SHELL_CALL, SHELL_ANSWER, SECOND_ANSWER])
     agent = codex(server)
@@ -169,6 +190,7 @@ def test_resumed_second_turn(
         assert earlier in third
     # The first turn ended in an answer: its reasoning is not shown to the model again.
     assert "Read the notes first." not in third and "The notes greet us." not in third
+    assert len(responses_requests(caplog)) == len(engine.requests) + 2 * agent.websocket  # a pre-warm per exec
 
 
 def test_mcp_tool_routed_through_its_namespace(

@@ -97,8 +97,9 @@ def test_sdk_tool_loop_on_one_connection(serve: Callable[..., LiveServer], vocab
 
 
 def test_codex_shape_prewarm_then_continue(serve: Callable[..., LiveServer], vocab: Any) -> None:
-    """Codex: fields at the top level, `generate: false` first (no generation), then the real turn continuing
-    from it with only new items, then `response.processed`; the nested `response` shape works too."""
+    """Codex: fields at the top level, `generate: false` first (no generation; Codex 0.169 pre-warms with its
+    developer message alone), then the real turn continuing from it with only new items (the user's), then
+    `response.processed`; the nested `response` shape works too."""
     engine = Recording(scripted_engine(vocab, [ANSWER, ANSWER]))
     server = serve(engine=engine)
     developer = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]}
@@ -110,9 +111,10 @@ def test_codex_shape_prewarm_then_continue(serve: Callable[..., LiveServer], voc
     async def run() -> tuple[list[dict[str, Any]], ...]:
         async with websockets.connect(ws_url(server), additional_headers={
                 "OpenAI-Beta": "responses_websockets=2026-02-06"}) as socket:
-            await socket.send(json.dumps({**codex, "input": [developer, user], "generate": False}))
+            await socket.send(json.dumps({**codex, "input": [developer], "generate": False}))
             warm = await until_done(socket)
-            await socket.send(json.dumps({**codex, "input": [], "previous_response_id": warm[-1]["response"]["id"]}))
+            warm_id = warm[-1]["response"]["id"]
+            await socket.send(json.dumps({**codex, "input": [user], "previous_response_id": warm_id}))
             real = await until_done(socket)
             await socket.send(json.dumps({"type": "response.processed", "response_id": real[-1]["response"]["id"]}))
             nested = {"type": "response.create", "response": {

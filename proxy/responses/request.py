@@ -239,12 +239,14 @@ def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: 
     return prompt_with(request, conversation_of(history + items, len(history), sealer))
 
 
-def prompt_with(request: ResponsesRequest, conversation: list[Item]) -> Prompt:
-    """The prompt of a conversation (history and input, translated): this request's instructions first."""
+def prompt_with(request: ResponsesRequest, conversation: list[Item], generate: bool = True) -> Prompt:
+    """The prompt of a conversation (history and input, translated): this request's instructions first.
+    `generate: false` (a WebSocket pre-warm) may keep instructions alone: Codex pre-warms with its developer
+    message before the first user message."""
     if request.body.get("instructions"):  # earlier instructions are not carried over
         conversation = [Instructions(request.body["instructions"]), *conversation]
     conversation = with_verbosity(conversation, (request.body.get("text") or {}).get("verbosity"))
-    if not any(not isinstance(item, Instructions) for item in conversation):
+    if generate and not any(not isinstance(item, Instructions) for item in conversation):
         raise invalid_request("The conversation is empty: send `input`.", param="input")
     offered = [] if request.tool_choice.mode == "none" else request.tools
     prompt = Prompt(conversation, offered, request.effort, request.response_format)

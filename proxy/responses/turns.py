@@ -71,22 +71,23 @@ class Turns:
 
 
 async def plan(renderer: Renderer, sealer: Sealer | None, request: ResponsesRequest, previous: Turn | None,
-               history: list[dict[str, Any]], items: list[dict[str, Any]]) -> Plan:
+               history: list[dict[str, Any]], items: list[dict[str, Any]], generate: bool = True) -> Plan:
     """The prompt of `request`: extending `previous` when it can, else rendered in full (the renderer's piece
-    cache still spares re-encoding what it rendered before)."""
+    cache still spares re-encoding what it rendered before). `generate: false` (a pre-warm) may hold
+    instructions alone."""
     if request.hosted or not _plain(items):  # the tool loop, or items of more than themselves: routes.py renders
         return Plan(history, items, None, {}, None)
     if previous is not None and previous.conversation is not None and previous.rendered is not None:
         calls = dict(previous.calls)
         conversation = previous.conversation + conversation_of(items, 0, sealer, calls)
-        rendered = await extend(renderer, previous.rendered, prompt_with(request, conversation))
+        rendered = await extend(renderer, previous.rendered, prompt_with(request, conversation, generate))
         if rendered is not None:
             return Plan(history, items, conversation, calls, rendered, extended=True)
     if not _plain(history):
         return Plan(history, items, None, {}, None)
     calls = {}
     conversation = conversation_of(history + items, len(history), sealer, calls)
-    prompt = prompt_with(request, conversation)
+    prompt = prompt_with(request, conversation, generate)
     return Plan(history, items, conversation, calls, await first(renderer, prompt,
                                                                  await renderer.render_off_loop(prompt)))
 

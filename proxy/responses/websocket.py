@@ -170,7 +170,7 @@ class ResponsesConnection:
             previous = self._turns.get(parsed.body.get("previous_response_id"))
             history, items = await resolve(parsed, state.responses, previous.items if previous else None)
             offer_earlier_tools(parsed, history, items, state.renderer.tools)
-            plan = await turns.plan(state.renderer, state.sealer, parsed, previous, history, items)
+            plan = await turns.plan(state.renderer, state.sealer, parsed, previous, history, items, generate)
             prompt = plan.rendered.tokens if plan.rendered is not None else None
             if generate:
                 run = await new_run(state, parsed, history, items, self._socket.headers, prompt=prompt)
