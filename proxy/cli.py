@@ -9,8 +9,10 @@ accepted with a one-line notice where it has no meaning here, or refused with th
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib.util
+import json
 import logging
 import os
 import resource
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from starlette.applications import Starlette
 
 from parsers.vocab import Vocab, VocabError, load_vocab
 from proxy.access_log import LOG_FORMATS, configure_logging
@@ -53,6 +56,7 @@ from proxy.responses.store import SQLiteResponseStore
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
 from proxy.validation import MAX_BODY_BYTES
+from proxy.workers import ARGV_ENV, ENGINE_SOCKET_ENV, serve_workers
 
 logger = logging.getLogger("harmony_proxy")
 ENGINES = ("mock", "scripted", "trtllm", "upstream")
@@ -313,9 +317,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         temporary = choose_store_path(args, engine_name, arguments)
         _trtllm_flag_notices(args)
         if args.workers > 1:
-            from proxy.workers import serve_workers
-
-            serve_workers(args, arguments, engine_name)
+            serve_workers(args, arguments, engine_name, uvicorn_options(args), run_trtllm_host)
             return
         listening = bind(args)  # before the engine starts: a port in use stops the server before anything loads
         state = build_state(args, engine_name)
@@ -347,6 +349,32 @@ def run_server(args: argparse.Namespace, state: ServerState, listening: socket.s
     if failures:
         print(f"harmony-proxy: error: the {state.engine.name} engine failed to start: {failures[0]}", file=sys.stderr)
         raise SystemExit(1)
+
+
+def worker_app() -> Starlette:
+    """The application of one `--workers` process (uvicorn calls this factory in each, `proxy/workers.py`)."""
+    args = build_parser().parse_args(json.loads(os.environ[ARGV_ENV]))
+    configure_logging(args.log_level, args.log_format)
+    engine_name = engine_choice(args)
+    engine = None
+    if engine_name == "trtllm":
+        from proxy.engines.remote import RemoteEngine
+
+        engine = RemoteEngine(os.environ[ENGINE_SOCKET_ENV], name="trtllm")
+    app = create_app(build_state(args, engine_name, engine))
+    freeze_startup_objects()
+    return app
+
+
+def run_trtllm_host(argv: list[str], socket_path: str) -> None:
+    """The `--workers` engine host process's main function: the LLM is built in this process's main thread."""
+    from proxy.engines.host import run_engine_host
+    from proxy.engines.trtllm import loaded_trtllm_engine
+
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    arguments = trtllm_arguments(args)
+    run_engine_host(functools.partial(loaded_trtllm_engine, arguments), socket_path, args.log_level)
 
 
 def freeze_startup_objects() -> None:
