@@ -286,18 +286,24 @@ def test_concurrent_writes_through_two_processes(servers: Any) -> None:
 
 
 def test_a_restarting_process_leaves_the_others_jobs_running(servers: Any) -> None:
-    owner, other = servers(), servers()
-    # About 8 s: long enough to outlast the restart below even on a loaded machine.
+    # A 40 s job (100 ms a token): it outlasts the restart below however loaded the machine is; it is cancelled
+    # once the restarted process has left it running.
+    owner, other = servers("--token-delay-ms", "100"), servers()
     job = owner.create(background=True, max_output_tokens=400)
     time.sleep(0.3)
     other.stop()  # a worker restarts (its own start-up ends what dead processes left unfinished)
     other = servers()
-    assert other.get(job["id"])["status"] == "in_progress"
+    running = other.get(job["id"])
+    assert running["status"] == "in_progress"
+    time.sleep(0.5)
+    assert other.get(job["id"])["status"] == "in_progress"  # still running, in its owner: not ended as abandoned
+    assert other.request("POST", f"/v1/responses/{job['id']}/cancel").status_code == 200
     deadline = time.monotonic() + 30
     while (ended := other.get(job["id"]))["status"] == "in_progress":
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    assert ended["status"] == "incomplete" and ended["error"] is None  # ran to its token limit
+    assert ended["status"] == "cancelled" and ended["error"] is None
+    assert _text(ended)  # what the owner generated before the cancel stands
     assert owner.get(job["id"]) == ended
 
 
