@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/load_bench.py --servers ours,bare --ours-args="--workers 2"
     .venv/bin/python benchmarks/load_bench.py --step-ms 1                  # an engine with a pace of its own
     .venv/bin/python benchmarks/load_bench.py --server-cmd 'other={python} -m other --port {port}'
+    .venv/bin/python benchmarks/load_bench.py --traced --git-ref main --tokens-per-step 1   # tracing off and on
 
 Servers, each a subprocess pinned to `--server-cpu` (default CPU 0; the client runs on `--client-cpu`, 1):
 - ours: `python -m proxy serve --engine scripted` from this working tree, playing a generated script of one
@@ -14,6 +15,9 @@ Servers, each a subprocess pinned to `--server-cpu` (default CPU 0; the client r
   no tokenizer or parser: the floor for a Python server built the usual way;
 - ref (`--git-ref REF`): ours as of commit REF, extracted with `git archive` (git state is not touched) to
   /tmp and run with this venv and PYTHONPATH on it; only at 1 token per step (older commits lack the flag);
+- traced (`--traced`): ours with OpenTelemetry tracing on (OTEL_EXPORTER_OTLP_ENDPOINT), exporting its spans
+  over OTLP/HTTP to a sink in this process that counts the bytes; with `--git-ref` of a commit before tracing
+  existed, ours against ref is the cost of tracing off, traced against ours the cost of tracing on;
 - `--server-cmd NAME=TEMPLATE` (repeatable): any command; {python}, {port}, {script}, {tokens_per_step},
   {step_ms} are filled in; run at every tokens-per-step if it uses {tokens_per_step}, else at 1 only.
 
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.server
 import json
 import os
 import resource
@@ -55,6 +60,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -132,6 +138,10 @@ def server_kinds(args: argparse.Namespace) -> dict[str, ServerKind]:
     if args.git_ref:
         tree = extract_commit(args.git_ref)
         kinds["ref"] = ServerKind(f"ref {args.git_ref}", OURS, tree, {**env, "PYTHONPATH": str(tree)}, False)
+    if args.traced:
+        traced_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{args.traced.port}",
+                      "OTEL_SERVICE_NAME": "harmony-proxy-bench"}
+        kinds["traced"] = ServerKind("traced", kinds["ours"].template, ROOT, traced_env, True)
     for spec in args.server_cmd:
         name, _, template = spec.partition("=")
         kinds[name] = ServerKind(name, shlex.split(template), ROOT, env, "{tokens_per_step}" in template)
@@ -298,6 +308,30 @@ def measure(server: Server, tokens_per_step: int, concurrency: int, args: argpar
     return Row(server.kind.name, tokens_per_step, concurrency, result)
 
 
+class OtlpSink:
+    """An OTLP/HTTP endpoint on loopback, in a thread of this process: it takes each export and answers 200."""
+
+    def __init__(self) -> None:
+        sink = self
+        self.exports = self.bytes = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                sink.bytes += len(self.rfile.read(int(self.headers.get("content-length", 0))))
+                sink.exports += 1
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 def integers(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
 
@@ -319,9 +353,11 @@ def main() -> None:
                          help="also measure this command (see the module docstring)")
     options.add_argument("--ours-args", default="",
                          help='extra `proxy serve` options for ours, e.g. --ours-args="--workers 2"')
+    options.add_argument("--traced", action="store_true", help="also measure ours with tracing on ('traced')")
     options.add_argument("--server-cpu", type=int, default=0)
     options.add_argument("--client-cpu", type=int, default=1)
     args = options.parse_args()
+    args.traced = OtlpSink() if args.traced else None
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -370,18 +406,21 @@ def main() -> None:
                 server.stop()
     print("\n/bare = server CPU per token over bare's at the same K and C (lower is better).")
     print_comparison(rows)
+    print_comparison(rows, "traced", "ours")
+    if args.traced:
+        print(f"\nthe OTLP sink received {args.traced.exports} exports, {args.traced.bytes / 1e6:.1f} MB of spans")
 
 
-def print_comparison(rows: list[Row]) -> None:
-    """Ours against the previous commit (--git-ref), per K and C, where both were measured."""
-    refs = {(row.tokens_per_step, row.concurrency): row for row in rows if row.server.startswith("ref ")}
+def print_comparison(rows: list[Row], server: str = "ours", baseline: str = "ref ") -> None:
+    """Ours against the previous commit (--git-ref), or another pair of servers, per K and C, where both ran."""
+    refs = {(row.tokens_per_step, row.concurrency): row for row in rows if row.server.startswith(baseline)}
     pairs = [(row, refs[row.tokens_per_step, row.concurrency]) for row in rows
-             if row.server == "ours" and (row.tokens_per_step, row.concurrency) in refs]
+             if row.server == server and (row.tokens_per_step, row.concurrency) in refs]
     if pairs:
-        print(f"\nours against {pairs[0][1].server}:")
+        print(f"\n{server} against {pairs[0][1].server}:")
     for ours, ref in pairs:
         rates = [row.result.stats.tokens() / row.result.window for row in (ours, ref)]
-        print(f"  K={ours.tokens_per_step:<3} C={ours.concurrency:<5} server CPU per token {ours.cpu_per_token_us:.1f} "
+        print(f"  {server} K={ours.tokens_per_step:<3} C={ours.concurrency:<5} server CPU per token {ours.cpu_per_token_us:.1f} "
               f"us vs {ref.cpu_per_token_us:.1f} us ({ours.cpu_per_token_us / ref.cpu_per_token_us:.2f}x); "
               f"tokens/s {rates[0]:.0f} vs {rates[1]:.0f}")
 

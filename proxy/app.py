@@ -113,7 +113,7 @@ def create_app(
         lifespan=lifespan,
         middleware=[
             Middleware(RequestObserver, metrics=state.metrics, model=state.config.served_model_name,
-                       routes=routes, log_requests=state.config.log_requests),
+                       routes=routes, log_requests=state.config.log_requests, tracer=state.tracer),
             Middleware(BrowserGuard, hosts=state.config.allowed_hosts, origins=state.config.allowed_origins),
             # Outside the API key check: a browser's preflight carries no Authorization.
             *([Middleware(CORSMiddleware, allow_origins=list(state.config.allowed_origins), allow_methods=["*"],

@@ -53,6 +53,7 @@ from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_D
 from proxy.metrics import Metrics
 from proxy.responses.sealing import KEY_ENV, MIN_SECRET_CHARS
 from proxy.responses.store import SQLiteResponseStore
+from proxy.tracing import TracedEngine, traced_store_operations, tracer_from_environment
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
 from proxy.validation import MAX_BODY_BYTES
@@ -423,13 +424,21 @@ def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | Non
     if engine is None:
         engine = _build_engine(engine_name, args, vocab, config, llm_args)
     metrics = Metrics(config.served_model_name, engine.name, config.max_model_len)
+    try:
+        tracer = tracer_from_environment()
+    except (ValueError, ImportError) as exc:
+        raise StartupError(f"tracing: {exc}") from None
+    on_store_operation = metrics.store_operation
+    if tracer is not None:
+        engine = TracedEngine(engine)  # inside admission: the engine span starts once the request is admitted
+        on_store_operation = traced_store_operations(on_store_operation)
     engine = AdmittedEngine(engine, admission_queue(args, engine_name, metrics, llm_args))
     path = args.store_path or default_store_path()
     try:
-        store = None if args.no_store else SQLiteResponseStore(path, metrics.store_operation)
+        store = None if args.no_store else SQLiteResponseStore(path, on_store_operation)
     except (OSError, sqlite3.Error) as exc:
         raise StartupError(f"cannot open the response store {path}: {exc}") from None
-    return ServerState(config, vocab, engine, store, metrics)
+    return ServerState(config, vocab, engine, store, metrics, tracer)
 
 
 def admission_queue(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,8 +23,13 @@ from proxy.access_log import write_access_line, write_request_line
 from proxy.errors import unexpected_error_handler
 from proxy.metrics import Metrics
 from proxy.request_record import RequestRecord, current_record, request_id_from
+from proxy.tracing import RequestTrace
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 logger = logging.getLogger("harmony_proxy")
+_UNTRACED = frozenset({"/health", "/ready", "/metrics"})  # probes and scrapes, every few seconds: noise
 _APIS = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/tokenize": "tokenize"}
 
 
@@ -37,14 +42,17 @@ def api_of(route: str) -> str:
 
 class RequestObserver:
     def __init__(
-        self, app: ASGIApp, metrics: Metrics, model: str, routes: Mapping[Callable[..., Any], str], log_requests: bool
+        self, app: ASGIApp, metrics: Metrics, model: str, routes: Mapping[Callable[..., Any], str], log_requests: bool,
+        tracer: Tracer | None = None,
     ) -> None:
-        """`routes`: each endpoint's path template, so that metrics are labelled by route, not by raw path."""
+        """`routes`: each endpoint's path template, so that metrics are labelled by route, not by raw path;
+        `tracer`: each request is traced (proxy/tracing.py), its parent taken from the `traceparent` header."""
         self.app = app
         self._metrics = metrics
         self._model = model
         self._routes = routes
         self._log_requests = log_requests
+        self._tracer = tracer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -52,6 +60,8 @@ class RequestObserver:
             return
         record = RequestRecord(request_id_from(scope["headers"]), scope["method"], scope["path"],
                                publish=self._publish)
+        if self._tracer is not None and scope["path"] not in _UNTRACED:
+            record.trace = RequestTrace.of_request(self._tracer, record.method, scope["headers"])
         request_id_header = (b"x-request-id", record.request_id.encode())
         body: list[bytes] | None = [] if self._log_requests else None
 
@@ -112,6 +122,8 @@ class RequestObserver:
 def publish(metrics: Metrics, model: str, record: RequestRecord) -> None:
     """A finished request to the metrics and the access log (a WebSocket's responses publish theirs here too)."""
     try:
+        if record.trace is not None:
+            record.trace.finish(record)
         metrics.observe(record)
         write_access_line(record, model)
     except Exception:  # the answer is sent; a fault here must not turn into an error for the client

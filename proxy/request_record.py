@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from proxy.engines.base import EngineError
     from proxy.generation import Outcome
+    from proxy.tracing import RequestTrace
 
 # vLLM's buckets for vllm:inter_token_latency_seconds (vllm/v1/metrics/loggers.py): the generation counts gaps
 # into them on the token path, the metrics add the counts up.
@@ -59,6 +60,7 @@ class RequestRecord:
     engine_error: str | None = None  # an EngineError's code, when the engine refused or failed the request
     ended: float | None = None
     publish: Callable[[RequestRecord], None] | None = None  # where the finished record goes (metrics, log)
+    trace: RequestTrace | None = None  # the request's spans, when tracing is on (proxy/tracing.py)
 
     def token_times(self, first: float | None, last: float | None, gaps: list[int]) -> None:
         """When the first and last engine steps with tokens came, and the gaps between steps, bucketed."""
@@ -122,6 +124,8 @@ def note_admitted(waited: float) -> None:
     if record is not None:
         record.queued_seconds = waited
         record.admitted_at = time.perf_counter()
+        if record.trace is not None:
+            record.trace.record_stage("queue", record.admitted_at - waited, record.admitted_at)
 
 
 def run_detached(work: Coroutine[Any, Any, None], name: str, route: str, api: str) -> asyncio.Task[None]:
@@ -132,7 +136,8 @@ def run_detached(work: Coroutine[Any, Any, None], name: str, route: str, api: st
     if parent is None:
         return asyncio.create_task(work, name=name, context=context)
     child = RequestRecord(parent.request_id, parent.method, parent.path, route=route, api=api, status=200,
-                          background=True, publish=parent.publish)
+                          background=True, publish=parent.publish,
+                          trace=parent.trace.detached("background") if parent.trace is not None else None)
 
     async def detached() -> None:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from parsers.render import Renderer
 from parsers.vocab import Vocab
@@ -19,7 +20,11 @@ from proxy.responses.store import ResponseStore
 from proxy.server_tools.allow import McpAllowList
 from proxy.server_tools.builtin import ToolServers
 from proxy.server_tools.tool_cache import ToolListCache
+from proxy.tracing import TracedRenderer
 from tools.cache import ToolCatalog
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 
 @dataclass
@@ -29,6 +34,7 @@ class ServerState:
     engine: Engine
     responses: ResponseStore | None = None  # None: storage disabled (--no-store)
     metrics: Metrics = None  # type: ignore[assignment]  # None: new ones (the CLI passes the ones it wired up)
+    tracer: Tracer | None = None  # OpenTelemetry's, when OTEL_* settings ask for traces (proxy/tracing.py)
     renderer: Renderer = field(init=False)
     jobs: BackgroundJobs | None = field(init=False)
     mcp_allow: McpAllowList = field(init=False)  # which client-supplied MCP server URLs may be reached
@@ -42,6 +48,8 @@ class ServerState:
         if self.metrics is None:
             self.metrics = Metrics(self.config.served_model_name, self.engine.name, self.config.max_model_len)
         self.renderer = Renderer(self.vocab, ToolCatalog(self.config.max_tools, self.config.max_tools_schema_bytes))
+        if self.tracer is not None:
+            self.renderer = TracedRenderer(self.renderer)  # type: ignore[assignment]  # a Renderer, with spans
         self.jobs = BackgroundJobs(self.responses) if self.responses is not None else None
         self.mcp_allow = McpAllowList(self.config.mcp_allow)
         self.tool_servers = ToolServers(self.config.tool_servers)

@@ -147,7 +147,8 @@ class UpstreamEngine:
             url = self._urls[replica]
             try:
                 response = await self._client.send(
-                    self._client.build_request("POST", url + "/completions", json=body), stream=True
+                    self._client.build_request("POST", url + "/completions", json=body,
+                                               headers=request.trace_headers or None), stream=True
                 )
             except httpx.HTTPError as exc:
                 problems.append(f"{_public(url)}: {_describe(exc)}")

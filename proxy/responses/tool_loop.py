@@ -43,6 +43,7 @@ from proxy.server_tools.headers import ServerHeaders
 from proxy.server_tools.output import ToolOutput
 from proxy.server_tools.rendering import result_tokens
 from proxy.server_tools.sessions import McpSessions
+from proxy.tracing import stage
 
 Render = Callable[[list[dict[str, Any]]], Awaitable[list[int]]]  # the prompt, with these items added to the input
 
@@ -157,6 +158,13 @@ class ToolLoop:
 
     async def _run(self, target: CallTarget, arguments: str) -> ToolOutput:
         """Run a call; whatever goes wrong is a failed output the model is told about."""
+        with stage("tool", {"gen_ai.tool.name": target.tool or "", "harmony_proxy.tool.kind": target.kind}) as span:
+            result = await self._call(target, arguments)
+            if span is not None and result.failed:
+                span.set_attribute("harmony_proxy.tool.failed", True)
+            return result
+
+    async def _call(self, target: CallTarget, arguments: str) -> ToolOutput:
         if target.tool is None:
             return ToolOutput(f"There is no tool {target.recipient!r} here: call only the tools you were given.",
                               failed=True)
