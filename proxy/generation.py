@@ -103,6 +103,8 @@ async def tracked_steps(engine: Engine, request: GenerationRequest, outcome: Out
         finally:
             if record is not None:
                 record.generation_ended = True
+                if record.trace is not None:
+                    record.trace.engine_ended(outcome, first, record.engine_error)
 
 
 async def parsed_events(

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from parsers.render import Renderer
+    from proxy.generation import Outcome
     from proxy.request_record import RequestRecord
 
 logger = logging.getLogger("harmony_proxy")
@@ -102,6 +103,8 @@ class RequestTrace:
         self.span = tracer.start_span(name, context, kind=trace.SpanKind.SERVER if parent is None else
                                       trace.SpanKind.INTERNAL, attributes=attributes)
         self._context = trace.set_span_in_context(self.span)
+        self._engine_span: Span | None = None
+        self._engine_started = 0.0
 
     @classmethod
     def of_request(cls, tracer: Tracer, method: str, headers: list[tuple[bytes, bytes]]) -> RequestTrace:
@@ -125,8 +128,43 @@ class RequestTrace:
     def start_stage(self, name: str, attributes: Mapping[str, Any] | None = None) -> Span:
         return self._tracer.start_span(name, self._context, attributes=attributes)
 
+    def engine_started(self, request: GenerationRequest, engine: str) -> GenerationRequest:
+        """Open the `engine` span of a request reaching the engine; the request, with the span's context."""
+        from opentelemetry import propagate
+        from opentelemetry import trace as api
+
+        self.end_engine()  # (a previous one the generation did not end)
+        self._engine_started = time.perf_counter()
+        span = self._engine_span = self.start_stage("engine", {
+            "harmony_proxy.engine": engine, "gen_ai.usage.input_tokens": len(request.prompt_token_ids)})
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier, api.set_span_in_context(span))
+        return replace(request, trace_headers=tuple(carrier.items()))
+
+    def engine_ended(self, outcome: Outcome, first_token_at: float | None, error: str | None) -> None:
+        """End the `engine` span with the generation's outcome: tokens, time to first token, how it ended."""
+        span = self._engine_span
+        if span is None:
+            return
+        span.set_attribute("gen_ai.usage.output_tokens", outcome.completion_tokens)
+        if outcome.cached_tokens is not None:
+            span.set_attribute("gen_ai.usage.cached_tokens", outcome.cached_tokens)
+        if outcome.finish_reason is not None:
+            span.set_attribute("gen_ai.response.finish_reasons", (outcome.finish_reason,))
+        if first_token_at is not None:
+            span.set_attribute("harmony_proxy.time_to_first_token_s", first_token_at - self._engine_started)
+        if error is not None or outcome.finish_reason in ("error", "cancelled"):
+            _failed(span, error or outcome.finish_reason)
+        self.end_engine()
+
+    def end_engine(self) -> None:
+        if self._engine_span is not None:
+            span, self._engine_span = self._engine_span, None
+            span.end()
+
     def finish(self, record: RequestRecord) -> None:
         """End the request's span with what the record says about it."""
+        self.end_engine()
         span = self.span
         attributes: dict[str, Any] = {"harmony_proxy.request_id": record.request_id, "harmony_proxy.api": record.api}
         if record.route != "unmatched":
@@ -197,7 +235,9 @@ def traced_store_operations(
 
 
 class TracedEngine:
-    """An engine whose requests are `engine` spans; the span's context goes with the request (`traceparent`)."""
+    """An engine whose requests open an `engine` span of the current request as they reach the engine (after
+    admission), with the span's context in the request (`traceparent`). The generation ends the span
+    (`RequestTrace.engine_ended`, from proxy/generation.py): nothing is added per step."""
 
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
@@ -219,50 +259,11 @@ class TracedEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)  # what a particular engine offers besides (an upstream's router)
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
         trace = current_trace()
-        if trace is None:  # work outside a traced request (a WebSocket's turns, tests driving the engine)
-            steps = self.inner.generate(request)
-            try:
-                async for step in steps:
-                    yield step
-            finally:
-                await steps.aclose()
-            return
-        from opentelemetry import propagate
-        from opentelemetry import trace as api
-
-        span = trace.start_stage("engine", {"gen_ai.system": "gpt-oss", "harmony_proxy.engine": self.name,
-                                            "gen_ai.usage.input_tokens": len(request.prompt_token_ids)})
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier, api.set_span_in_context(span))
-        started = time.perf_counter()
-        first: float | None = None
-        generated = 0
-        steps = self.inner.generate(replace(request, trace_headers=tuple(carrier.items())))
-        try:
-            async for step in steps:  # one comparison per step while traced; nothing per step when not
-                if first is None and step.token_ids:
-                    first = time.perf_counter()
-                generated += len(step.token_ids)
-                if step.usage is not None:
-                    generated = step.usage.completion_tokens
-                    if step.usage.cached_tokens is not None:
-                        span.set_attribute("gen_ai.usage.cached_tokens", step.usage.cached_tokens)
-                if step.finish_reason is not None:
-                    span.set_attribute("gen_ai.response.finish_reasons", (step.finish_reason,))
-                yield step
-        except BaseException as exc:
-            _failed(span, getattr(exc, "code", None) or type(exc).__name__)
-            raise
-        finally:
-            if first is not None:
-                span.set_attribute("harmony_proxy.time_to_first_token_s", first - started)
-            span.set_attribute("gen_ai.usage.output_tokens", generated)
-            try:
-                await steps.aclose()
-            finally:
-                span.end()
+        if trace is not None:  # None outside a traced request (a WebSocket's turns, tests driving the engine)
+            request = trace.engine_started(request, self.name)
+        return self.inner.generate(request)
 
 
 class TracedRenderer:
