@@ -23,6 +23,10 @@ T = TypeVar("T")
 # A gpt-oss context (131,072 tokens) holds well under 8 MiB of text.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_JSON_DEPTH = 64
+# Arrays and objects in one body, counted by their opening brackets (in text too, so a bound and not a count):
+# millions of them hold the GIL for a long time however they are decoded (the garbage collector walks every
+# one, more than once, while they are built). A context of 131,072 tokens holds far fewer.
+MAX_JSON_CONTAINERS = 200_000
 # OpenAI's limits on `metadata`: 16 pairs, keys of at most 64 characters, string values of at most 512.
 METADATA: dict[str, Any] = {"type": ["object", "null"], "maxProperties": 16, "propertyNames": {"maxLength": 64},
                             "additionalProperties": {"type": "string", "maxLength": 512}}
@@ -64,6 +68,9 @@ def decode_json_object(body: bytes, yielding: bool = False) -> dict[str, Any]:
     The body must be UTF-8 (RFC 8259), and every string in it must be text that UTF-8 can carry: raw bytes that
     are not UTF-8 (a surrogate's ED A0 80 included) and lone-surrogate escapes are a 400 naming the field, before
     anything is stored or started."""
+    if len(body) > MAX_JSON_CONTAINERS and body.count(b"[") + body.count(b"{") > MAX_JSON_CONTAINERS:
+        raise invalid_request(f"The request body holds more than {MAX_JSON_CONTAINERS} arrays and objects.",
+                              code="invalid_json")
     try:
         text, malformed = body.decode("utf-8"), False
     except UnicodeDecodeError:  # decoded anyway, to say where: each bad byte becomes a lone surrogate
