@@ -44,7 +44,8 @@ def _any_of(validator: Any, subschemas: list[Any], instance: Any, schema: Any) -
 
 
 def _one_of(validator: Any, subschemas: list[Any], instance: Any, schema: Any) -> Keyword:
-    valid = [index for index, subschema in enumerate(subschemas) if validator.evolve(schema=subschema).is_valid(instance)]
+    valid = [index for index, subschema in enumerate(subschemas)
+             if validator.evolve(schema=subschema).is_valid(instance)]
     if not valid:
         yield from _any_of(validator, subschemas, instance, schema)
     elif len(valid) > 1:
