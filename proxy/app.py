@@ -19,7 +19,14 @@ from proxy.chat.routes import chat_completions, tokenize
 from proxy.completions import completions
 from proxy.disconnect import ClientDisconnected, client_gone_handler
 from proxy.engines.base import EngineError
-from proxy.errors import APIError, api_error_handler, engine_error_handler, http_error_handler, unexpected_error_handler
+from proxy.errors import (
+    APIError,
+    api_error_handler,
+    engine_error_handler,
+    http_error_handler,
+    store_unavailable_handler,
+    unexpected_error_handler,
+)
 from proxy.metrics import metrics_endpoint
 from proxy.observer import RequestObserver
 from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
@@ -33,6 +40,7 @@ from proxy.responses.routes import (
     list_input_items,
     retrieve_response,
 )
+from proxy.responses.store import StoreUnavailable
 from proxy.responses.websocket import responses_socket
 from proxy.sse import KeepRawSend
 from proxy.state import ServerState
@@ -52,7 +60,7 @@ def create_app(
         starting = asyncio.create_task(_start_engine(state, on_engine_failure))
         # --tool-server: listed in the background (logged); a response that needs them waits for the listing.
         listing = asyncio.create_task(state.tool_servers.start()) if state.tool_servers.urls else None
-        await _open_background_jobs(state)
+        await _open_store(state)
         stop_draining = state.draining.install()
         try:
             yield
@@ -106,6 +114,7 @@ def create_app(
         exception_handlers={
             APIError: api_error_handler,
             EngineError: engine_error_handler,
+            StoreUnavailable: store_unavailable_handler,
             ClientDisconnected: client_gone_handler,
             HTTPException: http_error_handler,
             Exception: unexpected_error_handler,
@@ -130,9 +139,12 @@ def create_app(
     return app
 
 
-async def _open_background_jobs(state: ServerState) -> None:
-    """Background responses left unfinished by a server process that is gone will never finish: say so, now and
-    while serving; also watch for cancels from other worker processes (`proxy/responses/jobs.py`)."""
+async def _open_store(state: ServerState) -> None:
+    """Connect the store (a database creates or migrates its schema). Background responses left unfinished by a
+    server process that is gone will never finish: say so, now and while serving; also watch for cancels from
+    other processes (`proxy/responses/jobs.py`)."""
+    if state.responses is not None:
+        await state.responses.open()
     if state.jobs is not None:
         await state.jobs.open()
 

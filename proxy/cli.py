@@ -52,7 +52,8 @@ from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
 from proxy.metrics import Metrics
 from proxy.responses.sealing import KEY_ENV, MIN_SECRET_CHARS
-from proxy.responses.store import SQLiteResponseStore
+from proxy.responses.store import OnOperation, ResponseStore
+from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.tracing import TracedEngine, traced_store_operations, tracer_from_environment
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
@@ -99,7 +100,7 @@ def choose_store_path(args: argparse.Namespace, engine_name: str, argv: list[str
     """Where responses are stored when --store-path is not given: the user's data folder for a real model; for
     the mock and scripted engines, which people try and test with, a temporary folder (returned, for removal
     when the server stops; workers are told the path through `argv`)."""
-    if args.store_path is not None or args.no_store or engine_name not in ("mock", "scripted"):
+    if args.store_path is not None or args.store_url or args.no_store or engine_name not in ("mock", "scripted"):
         return None
     folder = Path(tempfile.mkdtemp(prefix="harmony-proxy-store-"))
     # uvicorn hands SIGTERM on once it has shut down: end by SystemExit then, so the folder is removed.
@@ -192,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     responses.add_argument("--store-path", type=Path,
                            help=f"SQLite file of stored responses (default: {default_store_path()}; with the mock "
                                 "and scripted engines a file in a temporary folder, removed when the server stops)")
+    responses.add_argument("--store-url", default=os.environ.get("HARMONY_PROXY_STORE_URL"), metavar="URL",
+                           help="a PostgreSQL database (postgresql://user:password@host:port/name) that stores "
+                                "responses and conversations instead of the SQLite file, shared by replicas "
+                                "(default: $HARMONY_PROXY_STORE_URL)")
     responses.add_argument("--no-store", action="store_true", help="store no responses")
     responses.add_argument("--reasoning-key", default=os.environ.get(KEY_ENV), metavar="SECRET",
                            help="secret (16+ characters) that encrypted_content is sealed under (reasoning, "
@@ -433,12 +438,26 @@ def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | Non
         engine = TracedEngine(engine)  # inside admission: the engine span starts once the request is admitted
         on_store_operation = traced_store_operations(on_store_operation)
     engine = AdmittedEngine(engine, admission_queue(args, engine_name, metrics, llm_args))
+    return ServerState(config, vocab, engine, open_store(args, on_store_operation), metrics, tracer)
+
+
+def open_store(args: argparse.Namespace, on_operation: OnOperation) -> ResponseStore | None:
+    """The store the options name: none, PostgreSQL (connected when the server starts), or the SQLite file."""
+    if args.no_store:
+        return None
+    if args.store_url:
+        if args.store_path is not None:
+            raise StartupError("--store-url and --store-path name two stores: give one")
+        if not args.store_url.startswith(("postgresql://", "postgres://")):
+            raise StartupError("--store-url takes a PostgreSQL URL: postgresql://user:password@host:port/database")
+        from proxy.responses.store_postgres import PostgresResponseStore  # psycopg, loaded only when used
+
+        return PostgresResponseStore(args.store_url, on_operation)
     path = args.store_path or default_store_path()
     try:
-        store = None if args.no_store else SQLiteResponseStore(path, on_store_operation)
+        return SQLiteResponseStore(path, on_operation)
     except (OSError, sqlite3.Error) as exc:
         raise StartupError(f"cannot open the response store {path}: {exc}") from None
-    return ServerState(config, vocab, engine, store, metrics, tracer)
 
 
 def admission_queue(

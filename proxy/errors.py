@@ -90,6 +90,12 @@ async def engine_error_handler(request: Request, exc: Exception) -> Response:
     return from_engine(exc).response()
 
 
+async def store_unavailable_handler(request: Request, exc: Exception) -> Response:
+    logger.warning("the response store failed: %s", exc)
+    return APIError(503, "The response store is unavailable; retry shortly.", code="store_unavailable",
+                    type="server_error", headers={"Retry-After": "2"}).response()
+
+
 async def http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:

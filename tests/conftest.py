@@ -19,12 +19,12 @@ from proxy.config import ServerConfig
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
-from proxy.responses.store import SQLiteResponseStore
+from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
 from tests.grammars import session_matchers
 
 # The MCP servers' fixtures; a plugin module, because it needs LiveServer from here.
-pytest_plugins = ["tests.mcp_servers"]
+pytest_plugins = ["tests.mcp_servers", "tests.postgres"]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "openai/gpt-oss-20b"

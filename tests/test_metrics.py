@@ -28,7 +28,7 @@ from proxy.engines.scripted import scripted_engine
 from proxy.generation import Outcome, tracked_steps
 from proxy.metrics import Metrics
 from proxy.request_record import ITL_BUCKETS, RequestRecord, current_record
-from proxy.responses.store import SQLiteResponseStore
+from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Wrapper

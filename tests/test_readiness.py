@@ -14,7 +14,7 @@ import httpx
 from proxy.app import create_app
 from proxy.config import ServerConfig
 from proxy.engines.mock import mock_engine
-from proxy.responses.store import SQLiteResponseStore
+from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
 from tests.conftest import LiveServer
 from tests.test_store_processes import LONG, ServerProcess

@@ -60,7 +60,7 @@ from parsers.vocab import Vocab
 from proxy.app import create_app
 from proxy.config import ServerConfig
 from proxy.engines.scripted import scripted_engine
-from proxy.responses.store import SQLiteResponseStore
+from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER, WEATHER

@@ -20,10 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from proxy.responses.jobs import BackgroundJobs
-from proxy.responses.store import SQLiteResponseStore, StoredResponse
+from proxy.responses.store import ResponseStore, StoredResponse
+from proxy.responses.store_postgres import PostgresResponseStore
+from proxy.responses.store_sqlite import SQLiteResponseStore
 from tests.conftest import MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,13 +55,21 @@ def _items(record: StoredResponse) -> list[dict[str, Any]]:
     return [*record.input_items, *record.resource["output"]]
 
 
-def _hammer(path: str, writer: int, writers: int, rounds: int) -> list[str]:
+async def store_at(where: str) -> ResponseStore:
+    """The store a SQLite file's path or a PostgreSQL URL names, opened."""
+    store: ResponseStore
+    store = PostgresResponseStore(where) if where.startswith("postgresql://") else SQLiteResponseStore(Path(where))
+    await store.open()
+    return store
+
+
+def _hammer(where: str, writer: int, writers: int, rounds: int) -> list[str]:
     """One process's share: save (in progress, then done), read back, read the others' work, delete."""
-    return asyncio.run(_hammer_store(Path(path), writer, writers, rounds))
+    return asyncio.run(_hammer_store(where, writer, writers, rounds))
 
 
-async def _hammer_store(path: Path, writer: int, writers: int, rounds: int) -> list[str]:
-    store = SQLiteResponseStore(path)
+async def _hammer_store(where: str, writer: int, writers: int, rounds: int) -> list[str]:
+    store = await store_at(where)
     rng = random.Random(writer)
     problems: list[str] = []
     try:
@@ -94,17 +105,24 @@ async def _hammer_store(path: Path, writer: int, writers: int, rounds: int) -> l
     return problems
 
 
-def test_separate_processes_share_one_store(tmp_path: Path) -> None:
-    path = tmp_path / "shared.sqlite3"
-    writers, rounds = 3, 120
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a store is: a SQLite file, or a database of this test's own on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return str(tmp_path / "shared.sqlite3")
+    return request.getfixturevalue("postgres_url")
+
+
+def test_separate_processes_share_one_store(backend: str) -> None:
+    writers, rounds = 3, 120 if not backend.startswith("postgresql://") else 25
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(writers, mp_context=context) as pool:
-        results = list(pool.map(_hammer, [str(path)] * writers, range(writers), [writers] * writers,
+        results = list(pool.map(_hammer, [backend] * writers, range(writers), [writers] * writers,
                                 [rounds] * writers))
     assert [problem for problems in results for problem in problems] == []
 
     async def check() -> None:
-        store = SQLiteResponseStore(path)
+        store = await store_at(backend)
         for writer in range(writers):
             for number in range(rounds):
                 final = _record(writer, number, True)
@@ -114,17 +132,20 @@ def test_separate_processes_share_one_store(tmp_path: Path) -> None:
         await store.close()
 
     asyncio.run(check())
-    with sqlite3.connect(path) as db:
+    if backend.startswith("postgresql://"):
+        with psycopg.connect(backend) as db:
+            assert db.execute("SELECT count(*) FROM responses").fetchone() == (writers * rounds,)
+            assert db.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+        return
+    with sqlite3.connect(backend) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert db.execute("SELECT count(*) FROM responses").fetchone() == (writers * rounds,)
         assert db.execute("SELECT count(*) FROM jobs").fetchone() == (0,)  # every job ended with its response
 
 
-def test_only_a_dead_owners_jobs_are_ended(tmp_path: Path) -> None:
-    path = tmp_path / "jobs.sqlite3"
-
+def test_only_a_dead_owners_jobs_are_ended(backend: str) -> None:
     async def scenario() -> None:
-        owner, other = SQLiteResponseStore(path), SQLiteResponseStore(path)  # two processes, as SQLite sees it
+        owner, other = await store_at(backend), await store_at(backend)  # two processes, as the store sees it
         watcher = BackgroundJobs(other, lease=0.5)
         await owner.save(_record(1, 0, False))
         await owner.save(_record(2, 0, False))
@@ -159,16 +180,17 @@ def test_only_a_dead_owners_jobs_are_ended(tmp_path: Path) -> None:
 class ServerProcess:
     """`python -m proxy serve` with the scripted engine, on a loopback port of its own."""
 
-    def __init__(self, script: Path | None, store: Path, log: Path, *options: str) -> None:
-        """With no `script`, the mock engine."""
+    def __init__(self, script: Path | None, store: Path | str, log: Path, *options: str) -> None:
+        """With no `script`, the mock engine. `store`: a SQLite file, or a PostgreSQL URL."""
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = log
         engine = ["--engine", "scripted", "--script", str(script)] if script is not None else ["--engine", "mock"]
-        command = [sys.executable, "-m", "proxy", "serve", *engine, "--token-delay-ms", "20", "--host", "127.0.0.1", "--port", str(self.port),
-                   "--store-path", str(store), "--shutdown-timeout", "2", *options]
+        command = [sys.executable, "-m", "proxy", "serve", *engine, "--token-delay-ms", "20", "--host", "127.0.0.1",
+                   "--port", str(self.port), "--store-url" if isinstance(store, str) else "--store-path", str(store),
+                   "--shutdown-timeout", "2", *options]
         with log.open("ab") as output:
             self.process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output)
         deadline = time.monotonic() + 30

@@ -1,7 +1,7 @@
 """Background responses: generated without the client, saved as they progress, cancellable from any process.
 
 Several server processes (`--workers`) can share one store; a background response runs in the process that
-created it, which owns it in the store (`SQLiteResponseStore` records the owner and a heartbeat). The owner
+created it, which owns it in the store (the store records the owner and a heartbeat). The owner
 saves the response on each finished output item and at least every PROGRESS_EVERY seconds, so a GET on any
 process shows the progress. Another process cancels (or deletes) it by recording a cancel request; the owner
 polls for those every POLL_EVERY seconds, cancels the job (its engine request is aborted) and saves it, while
@@ -22,7 +22,7 @@ from typing import Any
 
 from proxy.request_record import run_detached
 from proxy.responses.run import ResponseRun
-from proxy.responses.store import UNFINISHED, ResponseStore, StoredResponse
+from proxy.responses.store import UNFINISHED, ResponseStore, StoredResponse, StoreUnavailable
 
 logger = logging.getLogger("harmony_proxy")
 
@@ -30,6 +30,7 @@ LEASE = 10.0  # seconds without a heartbeat after which a process is taken for d
 POLL_EVERY = 0.2  # seconds between the owner's looks for cancel requests
 PROGRESS_EVERY = 1.0  # seconds between saves of a long item's text
 CANCEL_WAIT = 5.0  # seconds a cancel waits for another process to end the job
+RETRY_EVERY = 1.0  # seconds between tries of a final save while the store is unavailable
 _ENDED = {"response.completed", "response.incomplete", "response.failed"}
 
 
@@ -99,7 +100,7 @@ class BackgroundJobs:
         await asyncio.wait([task])  # unlike `await task`, a cancel of our own still reaches us
         if run.resource()["status"] in UNFINISHED:  # cancelled before it began, so nothing ended it
             self._halt(run)
-            await self._store.save_owned(run.record())
+            await self.save_end(run.record())
         return run
 
     def _halt(self, run: ResponseRun) -> None:
@@ -111,7 +112,7 @@ class BackgroundJobs:
     async def _generate(self, run: ResponseRun) -> None:
         try:
             await self._follow(run)
-            return  # the run saved its end (with `save_owned`) before its terminal event
+            return  # the run saved its end (`save_end`) before its terminal event
         except asyncio.CancelledError:
             if run.end_saved:  # cancelled while its end was being saved: that save stands
                 return
@@ -122,7 +123,19 @@ class BackgroundJobs:
         except Exception:
             logger.exception("background response %s failed", run.id)
             run.interrupt("server_error", "The server failed while generating this response.")
-        await self._store.save_owned(run.record())
+        await self.save_end(run.record())
+
+    async def save_end(self, record: StoredResponse) -> bool:
+        """Save a job's ending (`save_owned`). It must reach the store: while the database is away, try again (this
+        process still owns the job and renews it, so no other process ends it meanwhile), unless stopping."""
+        while True:
+            try:
+                return await self._store.save_owned(record)
+            except StoreUnavailable as exc:
+                if self._closing:
+                    raise
+                logger.warning("saving the end of response %s failed, trying again: %s", record.id, exc)
+                await asyncio.sleep(RETRY_EVERY)
 
     async def _follow(self, run: ResponseRun) -> None:
         """Generate, saving the progress on each finished item and at least every PROGRESS_EVERY seconds."""
@@ -137,7 +150,12 @@ class BackgroundJobs:
                     type(payload) is dict and payload["type"] == "response.output_item.done" for payload in batch
                 ):
                     saved = now
-                    if not await self._store.save_owned(run.record()):
+                    try:
+                        owned = await self._store.save_owned(run.record())
+                    except StoreUnavailable as exc:  # the database is away: generation goes on, a later save lands
+                        logger.warning("saving the progress of response %s failed: %s", run.id, exc)
+                        continue
+                    if not owned:
                         raise _Lost
 
     async def _watch(self) -> None:

@@ -118,7 +118,7 @@ def _save(state: ServerState, parsed: ResponsesRequest) -> Save | None:
     """How the run stores itself when finished (run.py): a background job's process owns its record."""
     if state.responses is None or not parsed.store:
         return None
-    return state.responses.save_owned if parsed.background else state.responses.save
+    return state.jobs.save_end if parsed.background and state.jobs else state.responses.save
 
 
 async def _no_events() -> RunEvents:

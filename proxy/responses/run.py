@@ -28,12 +28,12 @@ from proxy.responses.output import Payload, ResponseOutput, TextDelta
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.resource import response_object
 from proxy.responses.server_output import ToolEvent
-from proxy.responses.store import StoredResponse
+from proxy.responses.store import StoredResponse, StoreUnavailable
 
 # The parser's events of each engine step; with server-side tools, also the tool loop's (proxy/responses/tool_loop.py).
 logger = logging.getLogger("harmony_proxy")
 RunEvents = AsyncGenerator[list[Event | ToolEvent], None]
-Save = Callable[[StoredResponse], Awaitable[object]]  # a store's `save` or `save_owned`
+Save = Callable[[StoredResponse], Awaitable[object]]  # a store's `save`, or a job's `BackgroundJobs.save_end`
 _TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
 
 
@@ -139,6 +139,9 @@ class ResponseRun:
         self._saving = asyncio.ensure_future(self._save(self.record()))
         try:
             await asyncio.shield(self._saving)
+        except StoreUnavailable as exc:
+            logger.warning("saving response %s failed: %s", self.id, exc)
+            self._fail("store_unavailable", "The response store is unavailable, so this response was not stored.")
         except Exception:
             logger.exception("saving response %s failed", self.id)
             self._fail("server_error", "The response could not be stored.")

@@ -1,34 +1,28 @@
-"""Stored responses: a small interface, and an embedded SQLite store so responses survive a restart.
+"""Stored responses and conversations: the small interface the routes need, and what its backends share.
 
-The interface is what the Responses routes need and no more, so a shared database can later serve several
-replicas. SQLite runs on one worker thread (never on the event loop); each save is one transaction, so a crash
-leaves either the old record or the new one, never half of one.
+A backend keeps responses with their input and output items (found by id, and as chains through
+`previous_response_id`), background jobs, and conversations with their items. Two implement it, one module each:
+`store_sqlite.py` (embedded, the default) and `store_postgres.py` (`--store-url postgresql://...`, shared by
+replicas on several machines). Each save is one transaction, so a crash leaves either the old record or the new
+one, never half of one, and nothing is acknowledged before it is committed.
 
-Several server processes (`--workers`) may open the same file: WAL lets readers go on while one process writes,
-writers wait for each other (busy timeout) instead of failing, and every read is one statement or one read
-transaction, so it sees whole saves only. Each store instance is an owner (a per-process token): an unfinished
-(queued or in-progress) response it saves is recorded in `jobs` as its own, with a heartbeat that it renews
-while it runs the response, and a flag other processes set to ask for a cancel. `proxy/responses/jobs.py` says
-how the owner and the other processes use them.
+Each store instance is an owner (a per-process token): an unfinished (queued or in-progress) response it saves
+is recorded in `jobs` as its own, with a heartbeat that it renews while it runs the response, and a flag other
+processes set to ask for a cancel. `proxy/responses/jobs.py` says how the owner and the other processes use them.
+Each backend creates its schema and migrates an older one through its numbered list of `MIGRATIONS`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
-import sqlite3
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-T = TypeVar("T")
 UNFINISHED = ("queued", "in_progress")
-BUSY_TIMEOUT = 30.0  # seconds a write waits for another process's write; it waits on the store thread, not the loop
+OnOperation = Callable[[str, float, bool], None]  # (operation, seconds, ok): the metrics
 
 
 @dataclass
@@ -42,6 +36,10 @@ class StoredResponse:
 
 
 class ResponseStore(Protocol):
+    async def open(self) -> None:
+        """Connect, and create or migrate the schema, before the first operation."""
+        ...
+
     async def save(self, record: StoredResponse) -> None:
         """Save a response; an unfinished one becomes this store's job (see `save_owned`), a finished one no job."""
         ...
@@ -122,328 +120,24 @@ class ResponseStore(Protocol):
     async def delete_conversation_item(self, conversation_id: str, item_id: str) -> bool: ...
 
 
+class StoreUnavailable(Exception):
+    """The database cannot be reached now (it restarts, the network is down): a 503, and the client retries."""
+
+
 class DuplicateItem(Exception):
     def __init__(self, item_id: str) -> None:
         super().__init__(item_id)
         self.item_id = item_id
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY,
-    previous_response_id TEXT,
-    status TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    resource TEXT NOT NULL,
-    input_items TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS items (
-    response_id TEXT NOT NULL,
-    id TEXT NOT NULL,
-    item TEXT NOT NULL,
-    PRIMARY KEY (response_id, id)
-);
--- Clients replay earlier output items, ids and all, as input: one id can belong to several responses.
-CREATE INDEX IF NOT EXISTS items_by_id ON items (id);
--- The few unfinished responses, found without reading them all.
-CREATE INDEX IF NOT EXISTS unfinished_responses ON responses (id) WHERE status IN ('queued', 'in_progress');
--- Who runs each unfinished response: owner token, heartbeat (Unix time), and whether a cancel was asked for.
-CREATE TABLE IF NOT EXISTS jobs (
-    response_id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    heartbeat REAL NOT NULL,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs (owner);
-CREATE TABLE IF NOT EXISTS conversations (
-    id TEXT PRIMARY KEY,
-    created_at INTEGER NOT NULL,
-    metadata TEXT NOT NULL
-);
--- `position` orders every conversation's items: the order they were added in.
-CREATE TABLE IF NOT EXISTS conversation_items (
-    position INTEGER PRIMARY KEY AUTOINCREMENT,
-    conversation_id TEXT NOT NULL,
-    id TEXT NOT NULL,
-    item TEXT NOT NULL,
-    UNIQUE (conversation_id, id)
-);
-CREATE INDEX IF NOT EXISTS conversation_items_in_order ON conversation_items (conversation_id, position);
-"""
-
-# Literal statuses, matching the partial index's condition so that SQLite uses it.
-_ABANDONED = """SELECT r.id, r.resource, r.input_items, coalesce(j.cancel_requested, 0)
-                FROM responses r LEFT JOIN jobs j ON j.response_id = r.id
-                WHERE r.status IN ('queued', 'in_progress') AND (j.owner IS NULL OR j.heartbeat < ?)"""
 
 
-class SQLiteResponseStore:
-    def __init__(self, path: Path, on_operation: Callable[[str, float, bool], None] | None = None) -> None:
-        """`on_operation(name, seconds, ok)` is told each operation's latency, queueing included (the metrics)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._path = path
-        self._on_operation = on_operation
-        self.owner = f"{os.getpid()}-{secrets.token_hex(6)}"  # unique even if a pid is reused
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="response-store")
-        self._db = self._worker.submit(self._open).result()
-
-    def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self._path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        with _transaction(db):  # one process creates the schema while the others wait
-            for statement in _SCHEMA.split(";"):
-                db.execute(statement)
-        return db
-
-    async def _run(self, operation: str, work: Callable[[sqlite3.Connection], T]) -> T:
-        started = time.perf_counter()
-        try:
-            result = await asyncio.get_running_loop().run_in_executor(self._worker, work, self._db)
-        except Exception:
-            if self._on_operation is not None:
-                self._on_operation(operation, time.perf_counter() - started, False)
-            raise
-        if self._on_operation is not None:
-            self._on_operation(operation, time.perf_counter() - started, True)
-        return result
-
-    async def check(self) -> None:
-        await self._run("check", lambda db: db.execute("SELECT 1").fetchone())
-
-    async def save(self, record: StoredResponse) -> None:
-        def write(db: sqlite3.Connection) -> None:
-            with _transaction(db):
-                self._write(db, record)
-
-        await self._run("save", write)
-
-    async def save_owned(self, record: StoredResponse) -> bool:
-        def write(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
-                owned = db.execute("SELECT 1 FROM jobs WHERE response_id = ? AND owner = ?",
-                                   (record.id, self.owner)).fetchone()
-                if owned:
-                    self._write(db, record)
-                return owned is not None
-
-        return await self._run("save", write)
-
-    def _write(self, db: sqlite3.Connection, record: StoredResponse) -> None:
-        resource = record.resource
-        items = [*record.input_items, *resource.get("output", [])]
-        db.execute(
-            "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-            (record.id, resource.get("previous_response_id"), resource["status"], resource["created_at"],
-             json.dumps(resource), json.dumps(record.input_items)),
-        )
-        db.execute("DELETE FROM items WHERE response_id = ?", (record.id,))
-        db.executemany(
-            "INSERT OR REPLACE INTO items VALUES (?, ?, ?)",
-            [(record.id, item["id"], json.dumps(item)) for item in items if item.get("id")],
-        )
-        if resource["status"] in UNFINISHED:
-            db.execute(
-                """INSERT INTO jobs VALUES (?, ?, ?, 0)
-                   ON CONFLICT (response_id) DO UPDATE SET heartbeat = excluded.heartbeat
-                   WHERE owner = excluded.owner""",
-                (record.id, self.owner, time.time()),
-            )
-        else:
-            db.execute("DELETE FROM jobs WHERE response_id = ?", (record.id,))
-            conversation = resource.get("conversation")
-            if conversation:  # an item already there (a repeated final save) stays where it is
-                db.executemany(
-                    """INSERT OR IGNORE INTO conversation_items (conversation_id, id, item)
-                       SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM conversations WHERE id = ?)""",
-                    [(conversation["id"], item["id"], json.dumps(item), conversation["id"])
-                     for item in items if item.get("id")],
-                )
-
-    async def load(self, response_id: str) -> StoredResponse | None:
-        def read(db: sqlite3.Connection) -> tuple[str, str] | None:
-            return db.execute("SELECT resource, input_items FROM responses WHERE id = ?", (response_id,)).fetchone()
-
-        row = await self._run("load", read)
-        return StoredResponse(_loads(row[0]), _loads(row[1])) if row else None
-
-    async def delete(self, response_id: str) -> bool:
-        def remove(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
-                db.execute("DELETE FROM items WHERE response_id = ?", (response_id,))
-                db.execute("DELETE FROM jobs WHERE response_id = ?", (response_id,))
-                return db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
-
-        return await self._run("delete", remove)
-
-    async def history(self, response_id: str) -> list[dict[str, Any]] | None:
-        def read(db: sqlite3.Connection) -> list[tuple[str, str]]:
-            return db.execute(
-                """WITH RECURSIVE chain(id, previous, depth) AS (
-                       SELECT id, previous_response_id, 0 FROM responses WHERE id = ?
-                       UNION ALL
-                       SELECT r.id, r.previous_response_id, c.depth + 1
-                       FROM responses r JOIN chain c ON r.id = c.previous)
-                   SELECT r.input_items, r.resource FROM chain c JOIN responses r ON r.id = c.id
-                   ORDER BY c.depth DESC""",
-                (response_id,),
-            ).fetchall()
-
-        rows = await self._run("history", read)
-        if not rows:
-            return None
-        items: list[dict[str, Any]] = []
-        for input_items, resource in rows:
-            items += _loads(input_items) + _loads(resource)["output"]
-        return items
-
-    async def items(self, item_ids: list[str]) -> dict[str, dict[str, Any]]:
-        def read(db: sqlite3.Connection) -> list[tuple[str, str]]:
-            rows = []
-            db.execute("BEGIN")  # one snapshot for all the chunks
-            try:
-                for start in range(0, len(item_ids), 500):  # SQLite caps the variables of one statement
-                    chunk = item_ids[start : start + 500]
-                    marks = ",".join("?" * len(chunk))
-                    rows += db.execute(f"SELECT id, item FROM items WHERE id IN ({marks})", chunk).fetchall()
-            finally:
-                db.execute("COMMIT")
-            return rows
-
-        return {item_id: _loads(item) for item_id, item in await self._run("items", read)} if item_ids else {}
-
-    async def request_cancel(self, response_id: str) -> bool:
-        def write(db: sqlite3.Connection) -> bool:
-            return db.execute("UPDATE jobs SET cancel_requested = 1 WHERE response_id = ?", (response_id,)).rowcount > 0
-
-        return await self._run("request_cancel", write)
-
-    async def cancel_requests(self) -> list[str]:
-        def read(db: sqlite3.Connection) -> list[tuple[str]]:
-            return db.execute("SELECT response_id FROM jobs WHERE owner = ? AND cancel_requested",
-                              (self.owner,)).fetchall()
-
-        return [row[0] for row in await self._run("cancel_requests", read)]
-
-    async def renew(self) -> None:
-        await self._run("renew", lambda db: db.execute("UPDATE jobs SET heartbeat = ? WHERE owner = ?",
-                                                       (time.time(), self.owner)))
-
-    async def end_abandoned(self, lease: float, end: Callable[[StoredResponse, bool], None]) -> list[str]:
-        def sweep(db: sqlite3.Connection) -> list[str]:
-            # Most sweeps find nothing: look first without taking the write lock.
-            if not db.execute(_ABANDONED, (time.time() - lease,)).fetchone():
-                return []
-            with _transaction(db):  # look again: an owner may have saved in between
-                rows = db.execute(_ABANDONED, (time.time() - lease,)).fetchall()
-                for response_id, resource, input_items, cancel_requested in rows:
-                    record = StoredResponse(_loads(resource), _loads(input_items))
-                    end(record, bool(cancel_requested))
-                    self._write(db, record)
-            return [row[0] for row in rows]
-
-        return await self._run("end_abandoned", sweep)
-
-    async def close(self) -> None:
-        def release(db: sqlite3.Connection) -> None:
-            db.execute("DELETE FROM jobs WHERE owner = ?", (self.owner,))
-            db.close()
-
-        await self._run("close", release)
-        self._worker.shutdown(wait=True)
-
-    async def create_conversation(self, conversation: dict[str, Any], items: list[dict[str, Any]]) -> None:
-        def write(db: sqlite3.Connection) -> None:
-            with _transaction(db):
-                db.execute("INSERT INTO conversations VALUES (?, ?, ?)",
-                           (conversation["id"], conversation["created_at"], json.dumps(conversation["metadata"])))
-                _append(db, conversation["id"], items)
-
-        await self._run("create_conversation", write)
-
-    async def load_conversation(self, conversation_id: str) -> dict[str, Any] | None:
-        row = await self._run("load_conversation", lambda db: db.execute(
-            "SELECT id, created_at, metadata FROM conversations WHERE id = ?", (conversation_id,)).fetchone())
-        return _conversation(*row) if row else None
-
-    async def update_conversation(self, conversation_id: str, metadata: dict[str, str]) -> dict[str, Any] | None:
-        def write(db: sqlite3.Connection) -> tuple[str, int, str] | None:
-            return db.execute("UPDATE conversations SET metadata = ? WHERE id = ? RETURNING id, created_at, metadata",
-                              (json.dumps(metadata), conversation_id)).fetchone()
-
-        row = await self._run("update_conversation", write)
-        return _conversation(*row) if row else None
-
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        def remove(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
-                db.execute("DELETE FROM conversation_items WHERE conversation_id = ?", (conversation_id,))
-                return db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0
-
-        return await self._run("delete_conversation", remove)
-
-    async def add_conversation_items(self, conversation_id: str, items: list[dict[str, Any]]) -> bool:
-        def write(db: sqlite3.Connection) -> bool:
-            with _transaction(db):
-                if not db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone():
-                    return False
-                _append(db, conversation_id, items)
-                return True
-
-        return await self._run("add_conversation_items", write)
-
-    async def conversation_items(self, conversation_id: str, after: str | None = None, limit: int | None = None,
-                                 newest_first: bool = False) -> list[dict[str, Any]] | None:
-        direction, beyond = ("DESC", "<") if newest_first else ("ASC", ">")
-        query = f"SELECT item FROM conversation_items WHERE conversation_id = ?{{}} ORDER BY position {direction}"
-        after_clause = (f" AND position {beyond} (SELECT position FROM conversation_items"
-                        " WHERE conversation_id = ? AND id = ?)")
-
-        def read(db: sqlite3.Connection) -> list[tuple[str]] | None:
-            db.execute("BEGIN")  # one snapshot: the conversation and its items
-            try:
-                if not db.execute("SELECT 1 FROM conversations WHERE id = ?", (conversation_id,)).fetchone():
-                    return None
-                if after is None:
-                    sql, values = query.format(""), [conversation_id]
-                else:
-                    sql, values = query.format(after_clause), [conversation_id, conversation_id, after]
-                if limit is not None:
-                    sql, values = sql + " LIMIT ?", [*values, limit]
-                return db.execute(sql, values).fetchall()
-            finally:
-                db.execute("COMMIT")
-
-        rows = await self._run("conversation_items", read)
-        return None if rows is None else [_loads(row[0]) for row in rows]
-
-    async def conversation_item(self, conversation_id: str, item_id: str) -> dict[str, Any] | None:
-        row = await self._run("conversation_item", lambda db: db.execute(
-            "SELECT item FROM conversation_items WHERE conversation_id = ? AND id = ?",
-            (conversation_id, item_id)).fetchone())
-        return _loads(row[0]) if row else None
-
-    async def delete_conversation_item(self, conversation_id: str, item_id: str) -> bool:
-        return await self._run("delete_conversation_item", lambda db: db.execute(
-            "DELETE FROM conversation_items WHERE conversation_id = ? AND id = ?",
-            (conversation_id, item_id)).rowcount > 0)
+def new_owner() -> str:
+    """This store instance's owner token: unique even if a pid is reused, or on another machine."""
+    return f"{os.getpid()}-{secrets.token_hex(6)}"
 
 
-def _append(db: sqlite3.Connection, conversation_id: str, items: list[dict[str, Any]]) -> None:
-    for item in items:
-        try:
-            db.execute("INSERT INTO conversation_items (conversation_id, id, item) VALUES (?, ?, ?)",
-                       (conversation_id, item["id"], json.dumps(item)))
-        except sqlite3.IntegrityError:  # the transaction rolls back: nothing is added
-            raise DuplicateItem(item["id"]) from None
-
-
-def _conversation(conversation_id: str, created_at: int, metadata: str) -> dict[str, Any]:
-    return {"id": conversation_id, "object": "conversation", "created_at": created_at,
-            "metadata": _loads(metadata)}
-
-
-def _loads(text: str) -> Any:
+def loads(text: str) -> Any:
     """A stored JSON text. One saved before text that UTF-8 cannot carry was refused (proxy/validation.py) may hold
     a lone surrogate, which no answer could encode: it reads as U+FFFD, so that nothing stored can fail a GET."""
     value = json.loads(text)
@@ -456,14 +150,5 @@ def _loads(text: str) -> Any:
     return value
 
 
-class _transaction:
-    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error: one save is all or nothing."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind: object, error: object, trace: object) -> None:
-        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+def conversation_object(conversation_id: str, created_at: int, metadata: dict[str, str]) -> dict[str, Any]:
+    return {"id": conversation_id, "object": "conversation", "created_at": created_at, "metadata": metadata}
