@@ -31,7 +31,7 @@ from proxy.app import create_app
 from proxy.config import ServerConfig
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
-from proxy.responses.store import SQLiteResponseStore
+from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
 from proxy.tracing import TracedEngine, traced_store_operations, tracer_from_environment, tracing_requested
 from tests.conftest import MODEL, LiveServer
