@@ -17,6 +17,7 @@ from proxy.engines.mock import mock_engine
 from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
 from tests.conftest import LiveServer
+from tests.grammars import session_matchers
 from tests.test_store_processes import LONG, ServerProcess
 
 
@@ -34,7 +35,7 @@ def test_ready_says_whether_to_send_traffic_and_needs_no_key(
     serve_app: Callable[[Any], LiveServer], vocab: Any, tmp_path: Path
 ) -> None:
     store = UnreachableStore(tmp_path / "store.sqlite3")
-    state = ServerState(ServerConfig(api_key="secret"), vocab, mock_engine(vocab), store)
+    state = ServerState(ServerConfig(api_key="secret"), vocab, mock_engine(vocab, matchers=session_matchers(vocab)), store)
     server = serve_app(create_app(state))
     ready = httpx.get(server.base_url + "/ready")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
