@@ -316,7 +316,7 @@ class OtlpSink:
         self.exports = self.bytes = 0
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 sink.bytes += len(self.rfile.read(int(self.headers.get("content-length", 0))))
                 sink.exports += 1
                 self.send_response(200)

@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.engines.base import GenerationRequest, SamplingParams  # noqa: E402
-from proxy.generation import Outcome  # noqa: E402
-from proxy.request_record import RequestRecord, current_record, note_admitted  # noqa: E402
-from proxy.tracing import RequestTrace, stage, traced_store_operations, tracer_from_environment  # noqa: E402
+from proxy.engines.base import GenerationRequest, SamplingParams
+from proxy.generation import Outcome
+from proxy.request_record import RequestRecord, current_record, note_admitted
+from proxy.tracing import RequestTrace, stage, traced_store_operations, tracer_from_environment
 
 HEADERS = [(b"host", b"localhost"), (b"content-type", b"application/json"),
            (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]

@@ -34,8 +34,8 @@ from proxy.access_log import LOG_FORMATS, configure_logging
 from proxy.admission import AdmissionQueue, AdmittedEngine
 from proxy.app import create_app
 from proxy.browsers import allowed_hosts
-from proxy.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
 from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
+from proxy.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.routing import ROUTERS
@@ -54,9 +54,9 @@ from proxy.metrics import Metrics
 from proxy.responses.sealing import KEY_ENV, MIN_SECRET_CHARS
 from proxy.responses.store import OnOperation, ResponseStore
 from proxy.responses.store_sqlite import SQLiteResponseStore
-from proxy.tracing import TracedEngine, traced_store_operations, tracer_from_environment
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
+from proxy.tracing import TracedEngine, traced_store_operations, tracer_from_environment
 from proxy.validation import MAX_BODY_BYTES
 from proxy.workers import ARGV_ENV, ENGINE_SOCKET_ENV, serve_workers
 
