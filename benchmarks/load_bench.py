@@ -8,13 +8,16 @@
     .venv/bin/python benchmarks/load_bench.py --server-cmd 'other={python} -m other --port {port}'
     .venv/bin/python benchmarks/load_bench.py --traced --git-ref main --tokens-per-step 1   # tracing off and on
 
-Servers, each a subprocess pinned to `--server-cpu` (default CPU 0; the client runs on `--client-cpu`, 1):
+Servers, each a subprocess pinned to `--server-cpu` (default CPU 0; the client runs on `--client-cpu`, 1; each
+takes a list such as 0-7 or 0,2: a server's workers share its CPUs, and the client runs one process per CPU,
+the streams split between them, so that `--ours-args="--workers 8"` is not limited by one client core):
 - ours: `python -m proxy serve --engine scripted` from this working tree, playing a generated script of one
   completion, a 90-token analysis then a 320-token final (420 tokens with the Harmony tokens around them);
 - bare: benchmarks/bare_server.py, bare Starlette + sse-starlette sending 400 chunks of the same shape with
   no tokenizer or parser: the floor for a Python server built the usual way;
 - ref (`--git-ref REF`): ours as of commit REF, extracted with `git archive` (git state is not touched) to
-  /tmp and run with this venv and PYTHONPATH on it; only at 1 token per step (older commits lack the flag);
+  /tmp, or a folder that holds such a tree (for a machine without this repository's .git), run with this venv
+  and PYTHONPATH on it, with `--ours-args` too; at every tokens-per-step if its CLI has the flag, else at 1;
 - traced (`--traced`): ours with OpenTelemetry tracing on (OTEL_EXPORTER_OTLP_ENDPOINT), exporting its spans
   over OTLP/HTTP to a sink in this process that counts the bytes; with `--git-ref` of a commit before tracing
   existed, ours against ref is the cost of tracing off, traced against ours the cost of tracing on;
@@ -52,6 +55,7 @@ import argparse
 import asyncio
 import http.server
 import json
+import multiprocessing
 import os
 import resource
 import shlex
@@ -64,6 +68,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import uvloop
@@ -72,7 +77,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `parsers` comes from this tree
 
 from parsers.vocab import Vocab, load_vocab  # noqa: E402
-from sse_client import LoadResult, ProbeFailed, build_request, run_load  # noqa: E402
+from sse_client import LoadResult, LoadStats, ProbeFailed, build_request, run_load  # noqa: E402
 
 MODEL = "openai/gpt-oss-20b"
 ANALYSIS_TOKENS, FINAL_TOKENS, BARE_TOKENS = 90, 320, 400
@@ -136,8 +141,12 @@ def server_kinds(args: argparse.Namespace) -> dict[str, ServerKind]:
                            ROOT, env, True),
     }
     if args.git_ref:
-        tree = extract_commit(args.git_ref)
-        kinds["ref"] = ServerKind(f"ref {args.git_ref}", OURS, tree, {**env, "PYTHONPATH": str(tree)}, False)
+        tree = Path(args.git_ref) if Path(args.git_ref).is_dir() else extract_commit(args.git_ref)
+        every_k = "--tokens-per-step" in (tree / "proxy" / "cli.py").read_text(encoding="utf-8")
+        template = [*OURS, *(["--tokens-per-step", "{tokens_per_step}"] if every_k else []),
+                    *shlex.split(args.ours_args)]
+        kinds["ref"] = ServerKind(f"ref {Path(args.git_ref).name}", template, tree.resolve(),
+                                  {**env, "PYTHONPATH": str(tree.resolve())}, every_k)
     if args.traced:
         traced_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{args.traced.port}",
                       "OTEL_SERVICE_NAME": "harmony-proxy-bench"}
@@ -166,7 +175,7 @@ def extract_commit(ref: str) -> Path:
 class Server:
     """A server subprocess on one CPU, its log in a file, its CPU time read from /proc."""
 
-    def __init__(self, kind: ServerKind, tokens_per_step: int, step_ms: float, script: Path, cpu: int,
+    def __init__(self, kind: ServerKind, tokens_per_step: int, step_ms: float, script: Path, cpus: set[int],
                  logs: Path) -> None:
         self.kind, self.port = kind, free_port()
         self.log = logs / f"{kind.name.replace(' ', '-')}-k{tokens_per_step}.log"
@@ -174,7 +183,7 @@ class Server:
         with self.log.open("wb") as log:
             # Its own process group, so that stop() reaches workers and wrapped commands too.
             self.process = subprocess.Popen(command, cwd=kind.cwd, env=kind.env, stdout=log, stderr=subprocess.STDOUT,
-                                            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}), start_new_session=True)
+                                            preexec_fn=lambda: os.sched_setaffinity(0, cpus), start_new_session=True)
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -297,15 +306,76 @@ def measure(server: Server, tokens_per_step: int, concurrency: int, args: argpar
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
                        "stream": True, "stream_options": {"include_usage": True}}).encode()
     request = build_request("127.0.0.1", server.port, "/v1/chat/completions", body)
+    cpus = sorted(args.client_cpu)
+    shares = [concurrency // len(cpus) + (index < concurrency % len(cpus)) for index in range(len(cpus))]
     try:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            result = runner.run(run_load("127.0.0.1", server.port, request, concurrency, args.warmup, args.duration,
-                                         server.cpu_seconds, args.retry_pause))
+        if len(cpus) == 1:
+            result = load(server, request, concurrency, args)
+        else:
+            result = merge(in_processes(server, request, list(zip(cpus, shares)), args))
     except ProbeFailed as exc:
         raise SystemExit(f"{server.kind.name}: {exc}; its log ({server.log}):\n"
                          + server.log.read_text(errors="replace")[-3000:]) from None
     server.settle()
     return Row(server.kind.name, tokens_per_step, concurrency, result)
+
+
+def load(server: Server, request: bytes, concurrency: int, args: argparse.Namespace) -> LoadResult:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(run_load("127.0.0.1", server.port, request, concurrency, args.warmup, args.duration,
+                                   server.cpu_seconds, args.retry_pause))
+
+
+def in_processes(server: Server, request: bytes, shares: list[tuple[int, int]],
+                 args: argparse.Namespace) -> list[LoadResult]:
+    """One client process per CPU (forked, so nothing is pickled on the way in), each with its share of streams."""
+    context = multiprocessing.get_context("fork")
+    pipes = []
+    for cpu, concurrency in shares:
+        reader, writer = context.Pipe(duplex=False)
+
+        def child(cpu: int = cpu, concurrency: int = concurrency, writer: Connection = writer) -> None:
+            os.sched_setaffinity(0, {cpu})
+            try:
+                writer.send(load(server, request, concurrency, args))
+            except ProbeFailed as exc:
+                writer.send(exc)
+
+        process = context.Process(target=child, daemon=True)
+        process.start()
+        writer.close()
+        pipes.append((process, reader))
+    results = []
+    for process, reader in pipes:
+        try:
+            results.append(reader.recv())
+        except EOFError:
+            results.append(ProbeFailed("a client process died"))
+        process.join()
+    for result in results:
+        if isinstance(result, ProbeFailed):
+            raise result
+    return results
+
+
+def merge(results: list[LoadResult]) -> LoadResult:
+    """The client processes' runs as one: their windows open within milliseconds of each other, so counts add up
+    over the mean window, and server CPU is the mean of what each window saw, per second; client is the busiest."""
+    stats = LoadStats(phase="over")
+    for result in results:
+        part = result.stats
+        stats.frames += part.frames
+        stats.completed += part.completed
+        stats.rejected += part.rejected
+        stats.errors.update(part.errors)
+        stats.ttft += part.ttft
+        stats.gaps += part.gaps
+        stats.usage_tokens += part.usage_tokens
+        stats.usage_frames += part.usage_frames
+    window = sum(result.window for result in results) / len(results)
+    server_cpu = sum(result.server_cpu / result.window for result in results) / len(results) * window
+    return LoadResult(stats, window, max(result.client_cpu for result in results),
+                      max(result.max_wait for result in results), server_cpu)
 
 
 class OtlpSink:
@@ -336,6 +406,15 @@ def integers(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
 
 
+def cpu_list(text: str) -> set[int]:
+    """0, 0-7 or 0,2,4-5."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def main() -> None:
     options = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                       formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -354,8 +433,9 @@ def main() -> None:
     options.add_argument("--ours-args", default="",
                          help='extra `proxy serve` options for ours, e.g. --ours-args="--workers 2"')
     options.add_argument("--traced", action="store_true", help="also measure ours with tracing on ('traced')")
-    options.add_argument("--server-cpu", type=int, default=0)
-    options.add_argument("--client-cpu", type=int, default=1)
+    options.add_argument("--server-cpu", type=cpu_list, default={0}, help="CPUs, e.g. 0 or 0-7 (default 0)")
+    options.add_argument("--client-cpu", type=cpu_list, default={1},
+                         help="CPUs, one client process each, e.g. 1 or 8-15 (default 1)")
     args = options.parse_args()
     args.traced = OtlpSink() if args.traced else None
 
@@ -363,7 +443,7 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if max(args.concurrency) + 100 > hard:
         print(f"warning: the fd limit is {hard}; {max(args.concurrency)} connections may not all open", file=sys.stderr)
-    os.sched_setaffinity(0, {args.client_cpu})
+    os.sched_setaffinity(0, args.client_cpu)
 
     kinds = server_kinds(args)
     names = args.servers.split(",") if args.servers else list(kinds)
@@ -374,7 +454,8 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="harmony-proxy-load-"))
     script = logs / "script.jsonl"
     completion_tokens = write_script(script)
-    print(f"server on CPU {args.server_cpu}, client on CPU {args.client_cpu}; {args.warmup:g} s warm-up, "
+    print(f"server on CPUs {sorted(args.server_cpu)}, client on CPUs {sorted(args.client_cpu)} "
+          f"(one process each); {args.warmup:g} s warm-up, "
           f"{args.duration:g} s measured per run; engine pace {args.step_ms:g} ms per step; ours streams {completion_tokens} tokens per request "
           f"({ANALYSIS_TOKENS} analysis + {FINAL_TOKENS} final text), bare {BARE_TOKENS}; "
           f"logs in {logs}\nK = tokens per engine step, C = concurrent streams; us/tok = server CPU per token\n",
