@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from proxy.engines.base import GenerationRequest, SamplingParams
-from proxy.generation import Outcome
+from proxy.outcome import Outcome
 from proxy.request_record import RequestRecord, current_record, note_admitted
 from proxy.tracing import RequestTrace, stage, traced_store_operations, tracer_from_environment
 

@@ -22,9 +22,10 @@ from parsers.detokenize import Detokenizer
 from proxy.disconnect import close_shielded, unless_disconnected
 from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint, SamplingParams, Step
 from proxy.errors import from_engine, invalid_request
-from proxy.generation import Outcome, tracked_steps
+from proxy.generation import tracked_steps
 from proxy.ids import new_id
 from proxy.options import response_format
+from proxy.outcome import Outcome
 from proxy.sse import DONE, EventStream, data_frame
 from proxy.state import ServerState
 from proxy.stop_strings import StopMatcher

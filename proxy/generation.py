@@ -11,40 +11,16 @@ import contextlib
 import logging
 from bisect import bisect_left
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from time import perf_counter
 
 from parsers.events import Event, ItemKind, ItemStarted
 from parsers.stream import OutputParser
 from parsers.vocab import Vocab
-from proxy.engines.base import Engine, EngineError, FinishReason, GenerationRequest, Step, Usage
-from proxy.errors import APIError
+from proxy.engines.base import Engine, EngineError, GenerationRequest, Step
+from proxy.outcome import Outcome
 from proxy.request_record import ITL_BUCKETS, current_record
 
 logger = logging.getLogger("harmony_proxy")
-
-
-@dataclass
-class Outcome:
-    """How far the generation got and how it ended; kept current step by step."""
-
-    prompt_tokens: int
-    completion_tokens: int = 0
-    cached_tokens: int | None = None
-    reasoning_tokens: int = 0
-    finish_reason: FinishReason | None = None  # None while running, or when the consumer stopped early
-
-    @property
-    def usage(self) -> Usage:
-        return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
-
-    def failure(self) -> APIError | None:
-        """The error to answer with when the engine cancelled or failed the request itself."""
-        if self.finish_reason == "cancelled":
-            return APIError(503, "The engine cancelled the request before it finished.", code="engine_cancelled")
-        if self.finish_reason == "error":
-            return APIError(500, "The engine failed while generating.", type="server_error", code="engine_error")
-        return None
 
 
 async def tracked_steps(engine: Engine, request: GenerationRequest, outcome: Outcome) -> AsyncGenerator[Step, None]:

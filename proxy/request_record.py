@@ -19,12 +19,11 @@ import re
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from proxy.engines.base import EngineError
-    from proxy.generation import Outcome
-    from proxy.tracing import RequestTrace
+    from proxy.outcome import Outcome
 
 # vLLM's buckets for vllm:inter_token_latency_seconds (vllm/v1/metrics/loggers.py): the generation counts gaps
 # into them on the token path, the metrics add the counts up.
@@ -32,6 +31,16 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                80.0)
 MAX_REQUEST_ID = 128
 _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,%d}" % MAX_REQUEST_ID)  # safe in a header and in a log line
+
+
+class Trace(Protocol):
+    """What the request path asks of a request's spans; `proxy/tracing.py`'s RequestTrace (which reads this
+    record, so this module does not import it)."""
+
+    def record_stage(self, name: str, started: float, ended: float) -> None: ...
+    def detached(self, name: str) -> Trace: ...
+    def engine_ended(self, outcome: Outcome, first_token_at: float | None, error: str | None) -> None: ...
+    def finish(self, record: RequestRecord) -> None: ...
 
 
 @dataclass(eq=False)
@@ -60,7 +69,7 @@ class RequestRecord:
     engine_error: str | None = None  # an EngineError's code, when the engine refused or failed the request
     ended: float | None = None
     publish: Callable[[RequestRecord], None] | None = None  # where the finished record goes (metrics, log)
-    trace: RequestTrace | None = None  # the request's spans, when tracing is on (proxy/tracing.py)
+    trace: Trace | None = None  # the request's spans, when tracing is on (proxy/tracing.py)
 
     def token_times(self, first: float | None, last: float | None, gaps: list[int]) -> None:
         """When the first and last engine steps with tokens came, and the gaps between steps, bucketed."""

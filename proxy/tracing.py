@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from parsers.render import Renderer
-    from proxy.generation import Outcome
+    from proxy.outcome import Outcome
     from proxy.request_record import RequestRecord
 
 logger = logging.getLogger("harmony_proxy")

@@ -25,8 +25,9 @@ from proxy.app import create_app
 from proxy.config import ServerConfig
 from proxy.engines.base import Engine, GenerationRequest, SamplingParams, Step
 from proxy.engines.scripted import scripted_engine
-from proxy.generation import Outcome, tracked_steps
+from proxy.generation import tracked_steps
 from proxy.metrics import Metrics
+from proxy.outcome import Outcome
 from proxy.request_record import ITL_BUCKETS, RequestRecord, current_record
 from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState

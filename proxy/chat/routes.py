@@ -15,9 +15,10 @@ from proxy.chat.response import ChatTurn, ChunkWriter, usage_body
 from proxy.disconnect import close_shielded, unless_disconnected
 from proxy.engines.base import EngineError
 from proxy.errors import from_engine
-from proxy.generation import Outcome, parsed_events
+from proxy.generation import parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request, routing_hints
+from proxy.outcome import Outcome
 from proxy.sse import DONE, EventStream, data_frame
 from proxy.state import ServerState
 

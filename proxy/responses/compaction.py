@@ -29,9 +29,10 @@ from parsers.items import ItemCollector
 from proxy.disconnect import unless_disconnected
 from proxy.engines.base import OutputConstraint
 from proxy.errors import APIError
-from proxy.generation import Outcome, parsed_events
+from proxy.generation import parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request
+from proxy.outcome import Outcome
 from proxy.responses.compaction_items import compaction_item, kept_before_compaction, retained_messages, split_trigger
 from proxy.responses.hosted import offered_builtins
 from proxy.responses.input_tokens import rendered_prompt

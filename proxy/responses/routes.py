@@ -11,9 +11,10 @@ from starlette.responses import JSONResponse, Response
 from proxy.disconnect import unless_disconnected
 from proxy.engines.base import GenerationRequest
 from proxy.errors import APIError, invalid_request
-from proxy.generation import Outcome, parsed_events
+from proxy.generation import parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request, routing_hints
+from proxy.outcome import Outcome
 from proxy.responses.compaction import compact_first
 from proxy.responses.compaction_items import split_trigger
 from proxy.responses.frames import EventWriter

@@ -15,15 +15,15 @@ to continue. The save is shielded: the consumer's cancellation cannot undo it on
 from __future__ import annotations
 
 import asyncio
-import time
 import logging
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from parsers.events import Event
 from proxy.disconnect import close_shielded
 from proxy.engines.base import EngineError
-from proxy.generation import Outcome
+from proxy.outcome import Outcome
 from proxy.responses.output import Payload, ResponseOutput, TextDelta
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.resource import response_object

@@ -31,8 +31,9 @@ from parsers.events import Event
 from parsers.vocab import Vocab
 from proxy.engines.base import Engine, EngineError, GenerationRequest, OutputConstraint
 from proxy.errors import APIError
-from proxy.generation import Outcome, parsed_events
+from proxy.generation import parsed_events
 from proxy.options import GenerationOptions, generation_request
+from proxy.outcome import Outcome
 from proxy.request_record import current_record
 from proxy.responses.hosted import APPROVAL, CODE, MCP, CallTarget, HostedTools
 from proxy.responses.output import ResponseOutput
