@@ -18,27 +18,13 @@ from typing import Any
 
 from parsers.events import Event, ItemDone, ItemKind, ItemStarted
 from proxy.responses import server_output
-from proxy.responses.hosted import CallTarget, HostedTools
+from proxy.responses.hosted import HostedTools
+from proxy.responses.item import Item, Payload, TextDelta
 from proxy.responses.server_output import ApprovedCall, CallResult, ServerCall, ToolEvent, ToolsListed
 
-Payload = dict[str, Any]
-TextDelta = tuple["Item", str]  # text added to an item; written as that item's delta events
 # Seals a reasoning item's analysis (its token ids, or its text when the tokens are not known) into
 # `encrypted_content` (proxy/responses/sealing.py).
 Seal = Callable[[tuple[int, ...] | None, str], str]
-
-
-class Item:
-    __slots__ = ("body", "delta_prefixes", "index", "kind", "pieces", "target")
-
-    def __init__(self, index: int, body: dict[str, Any], kind: ItemKind, target: CallTarget | None = None) -> None:
-        self.index, self.body, self.kind, self.pieces = index, body, kind, []
-        self.delta_prefixes: tuple[bytes, ...] = ()  # each delta event's frame up to the delta text
-        self.target = target  # what a server call calls (proxy/responses/server_output.py)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
 
 
 class ResponseOutput:

@@ -23,16 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from proxy.responses.hosted import APPROVAL, CODE, MCP, WEB_SEARCH, CallTarget
+from proxy.responses.item import Item, Payload
 from proxy.server_tools.output import ToolOutput
 from proxy.server_tools.session import parse_arguments
 
-if TYPE_CHECKING:
-    from proxy.responses.output import Item
-
-Payload = dict[str, Any]
 _ID_PREFIXES = {MCP: "mcp_", APPROVAL: "mcpr_", WEB_SEARCH: "ws_", CODE: "ci_"}
 LAZY = frozenset({APPROVAL, WEB_SEARCH})  # placed in the output once the call is complete
 
