@@ -3,6 +3,8 @@ carries `traceparent` to its upstream, continues the caller's trace, and puts no
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -14,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -214,6 +217,36 @@ def test_a_background_response_is_a_child_span_of_its_request(
     assert engine.parent.span_id == background.context.span_id  # the generation ran after the POST was answered
     assert engine.attributes["gen_ai.usage.output_tokens"] > 0
     assert any(s.name == "store save" and s.parent.span_id == background.context.span_id for s in spans)
+
+
+def test_each_response_over_a_websocket_is_a_request_span(
+    serve_app: Callable[[Any], LiveServer], vocab: Any, tmp_path: Path
+) -> None:
+    exporter = InMemorySpanExporter()
+    server = traced_server(serve_app, vocab, tmp_path, exporter)
+
+    async def two_turns() -> None:
+        url = server.base_url.replace("http://", "ws://") + "/v1/responses"
+        async with websockets.connect(url, additional_headers={
+                "traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}) as socket:
+            for _ in range(2):
+                await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": SECRET}))
+                while json.loads(await asyncio.wait_for(socket.recv(), 10))["type"] != "response.completed":
+                    pass
+
+    asyncio.run(two_turns())
+    deadline = time.monotonic() + 10
+    while len([s for s in exporter.get_finished_spans() if s.name == "WS /v1/responses"]) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    spans = exporter.get_finished_spans()
+    turns = [s for s in spans if s.name == "WS /v1/responses"]
+    for turn in turns:
+        assert f"{turn.context.trace_id:032x}" == TRACE_ID and f"{turn.parent.span_id:016x}" == CALLER_SPAN
+        assert turn.attributes["http.response.status_code"] == 200
+        stages = {s.name for s in spans if s.parent is not None and s.parent.span_id == turn.context.span_id}
+        assert {"render", "engine", "store save"} <= stages
+    assert SECRET not in repr([dict(s.attributes) for s in spans])
 
 
 def test_server_side_tool_calls_are_spans_without_their_arguments(

@@ -36,6 +36,7 @@ from proxy.responses.request import offer_earlier_tools, parse_responses_request
 from proxy.responses.routes import check_create, new_run, prewarm_run
 from proxy.responses.run import ResponseRun
 from proxy.state import ServerState
+from proxy.tracing import RequestTrace
 from proxy.validation import LARGE_BODY_BYTES, decode_json_object
 
 logger = logging.getLogger("harmony_proxy")
@@ -155,6 +156,8 @@ class ResponsesConnection:
         state = self._state
         record = RequestRecord(request_id, "WS", ROUTE, route=ROUTE, api="responses", streamed=True,
                                publish=partial(publish, state.metrics, state.config.served_model_name))
+        if state.tracer is not None:  # each response is a request span, the handshake's traceparent its parent
+            record.trace = RequestTrace.of_request(state.tracer, "WS", self._socket.scope["headers"])
         current_record.set(record)  # this task's own context
         state.metrics.stream_opened("responses")
         run: ResponseRun | None = None
