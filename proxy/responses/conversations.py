@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
+from proxy.responses.pages import page, page_query
 from proxy.responses.request import conversation_not_found, normalize_items, refuse_duplicates, resolve_references
 from proxy.responses.schema import INCLUDABLE
 from proxy.responses.store import DuplicateItem, ResponseStore
@@ -76,30 +77,21 @@ async def add_items(request: Request) -> Response:
         raise _duplicate(exc.item_id, items) from None
     if not added:
         raise conversation_not_found(conversation_id)
-    return JSONResponse(_page(items, has_more=False))
+    return JSONResponse(page(items, has_more=False))
 
 
 async def list_items(request: Request) -> Response:
     store, conversation_id = _store(request), request.path_params["conversation_id"]
     _include(request)
-    query = request.query_params
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise invalid_request("`order` must be 'asc' or 'desc'.", param="order")
-    try:
-        limit = int(query.get("limit", "20"))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 100:
-        raise invalid_request("`limit` must be an integer from 1 to 100.", param="limit")
-    after = query.get("after")
+    asked = page_query(request.query_params)
+    after, limit = asked.after, asked.limit
     if after is not None and await store.conversation_item(conversation_id, after) is None:
         if await store.load_conversation(conversation_id) is not None:
             raise invalid_request(f"No item with id '{after}' in this conversation.", param="after")
-    items = await store.conversation_items(conversation_id, after, limit + 1, newest_first=order == "desc")
+    items = await store.conversation_items(conversation_id, after, limit + 1, newest_first=asked.newest_first)
     if items is None:
         raise conversation_not_found(conversation_id)
-    return JSONResponse(_page(items[:limit], has_more=len(items) > limit))
+    return JSONResponse(page(items[:limit], has_more=len(items) > limit))
 
 
 async def retrieve_item(request: Request) -> Response:
@@ -151,11 +143,6 @@ def _found(conversation: dict[str, Any] | None, conversation_id: str) -> dict[st
     if conversation is None:
         raise conversation_not_found(conversation_id)
     return conversation
-
-
-def _page(items: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
-    return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
-            "last_id": items[-1]["id"] if items else None, "has_more": has_more}
 
 
 def _item_not_found(item_id: str) -> APIError:

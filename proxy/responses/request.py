@@ -346,33 +346,21 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
             reasoning = _reasoning(item, sealer if position > last_user else None)
             if reasoning is not None:
                 conversation.append(reasoning)
-        elif kind == "function_call":
-            call = ToolCall(item["call_id"], item["name"], item["arguments"], _namespace(item, where))
+        elif kind in ("function_call", "custom_tool_call"):
+            freeform = kind == "custom_tool_call"
+            call = ToolCall(item["call_id"], item["name"], item["input" if freeform else "arguments"],
+                            _namespace(item, where), freeform=freeform)
             try:
                 make_tool(item["name"], None, None, None, where)
             except ToolError as exc:
                 raise invalid_request(str(exc), param=exc.param) from None
             calls[item["call_id"]] = call
             conversation.append(call)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call = calls.get(item["call_id"])
             if call is None:
-                raise invalid_request(f"No function call with call_id {item['call_id']!r} precedes this output.",
-                                      param=f"{where}.call_id")
-            conversation.append(ToolResult(item["call_id"], call.name, _output_text(item["output"], where),
-                                           call.namespace))
-        elif kind == "custom_tool_call":
-            call = ToolCall(item["call_id"], item["name"], item["input"], _namespace(item, where), freeform=True)
-            try:
-                make_tool(item["name"], None, None, None, where)
-            except ToolError as exc:
-                raise invalid_request(str(exc), param=exc.param) from None
-            calls[item["call_id"]] = call
-            conversation.append(call)
-        elif kind == "custom_tool_call_output":
-            call = calls.get(item["call_id"])
-            if call is None:
-                raise invalid_request(f"No custom tool call with call_id {item['call_id']!r} precedes this output.",
+                what = "custom tool" if kind == "custom_tool_call_output" else "function"
+                raise invalid_request(f"No {what} call with call_id {item['call_id']!r} precedes this output.",
                                       param=f"{where}.call_id")
             conversation.append(ToolResult(item["call_id"], call.name, _output_text(item["output"], where),
                                            call.namespace))

@@ -21,6 +21,7 @@ from proxy.responses.frames import EventWriter
 from proxy.responses.hosted import HostedTools, offered_builtins
 from proxy.responses.hosted import resolve as resolve_hosted
 from proxy.responses.output import ResponseOutput
+from proxy.responses.pages import page, page_query
 from proxy.responses.request import (
     ResponsesRequest,
     offer_earlier_tools,
@@ -213,31 +214,14 @@ async def delete_response(request: Request) -> Response:
 async def list_input_items(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
     record = await _stored(state, request.path_params["response_id"])
-    query = request.query_params
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise invalid_request("`order` must be 'asc' or 'desc'.", param="order")
-    try:
-        limit = int(query.get("limit", "20"))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 100:
-        raise invalid_request("`limit` must be an integer from 1 to 100.", param="limit")
-    items = record.input_items if order == "asc" else record.input_items[::-1]
-    after = query.get("after")
-    if after is not None:
+    asked = page_query(request.query_params)
+    items = record.input_items[::-1] if asked.newest_first else record.input_items
+    if asked.after is not None:
         ids = [item["id"] for item in items]
-        if after not in ids:
-            raise invalid_request(f"No input item with id '{after}' in this response.", param="after")
-        items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    return JSONResponse({
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(items) > limit,
-    })
+        if asked.after not in ids:
+            raise invalid_request(f"No input item with id '{asked.after}' in this response.", param="after")
+        items = items[ids.index(asked.after) + 1 :]
+    return JSONResponse(page(items[: asked.limit], has_more=len(items) > asked.limit))
 
 
 async def cancel_response(request: Request) -> Response:
