@@ -145,8 +145,9 @@ def server_kinds(args: argparse.Namespace) -> dict[str, ServerKind]:
         every_k = "--tokens-per-step" in (tree / "proxy" / "cli.py").read_text(encoding="utf-8")
         template = [*OURS, *(["--tokens-per-step", "{tokens_per_step}"] if every_k else []),
                     *shlex.split(args.ours_args)]
+        path = os.pathsep.join(filter(None, [str(tree.resolve()), env.get("PYTHONPATH")]))  # packages may come by it
         kinds["ref"] = ServerKind(f"ref {Path(args.git_ref).name}", template, tree.resolve(),
-                                  {**env, "PYTHONPATH": str(tree.resolve())}, every_k)
+                                  {**env, "PYTHONPATH": path}, every_k)
     if args.traced:
         traced_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{args.traced.port}",
                       "OTEL_SERVICE_NAME": "harmony-proxy-bench"}
