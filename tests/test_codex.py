@@ -6,6 +6,8 @@ gives Codex a CODEX_HOME of its own: Codex's default configuration plus a provid
 MCP server over stdio (tests/mcp_stdio.py). The provider has an `auth` command, since Codex 0.169 reads a
 provider's model catalog (`GET /v1/models?client_version=...`) only then. HOME points into the test's folder too,
 so nothing is written outside it; Codex may try its own online services, which fail here without mattering.
+Every test runs twice: over HTTP, and over the WebSocket mode (`supports_websockets = true` on the provider),
+checking in the server's access log that each request came that way.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ def codex_binary() -> Path:
 class Codex:
     """One Codex installation (CODEX_HOME) pointed at a server, and the folder it works in."""
 
-    def __init__(self, binary: Path, folder: Path, server: LiveServer, websocket: bool = False) -> None:
+    def __init__(self, binary: Path, folder: Path, server: LiveServer, websocket: bool = False,
+                 provider_name: str = "harmony-proxy", settings: str = "") -> None:
+        """`settings`: more top-level lines of Codex's config.toml."""
         self.binary = binary
         self.websocket = websocket
         self.home = folder / "codex-home"
@@ -56,9 +60,9 @@ class Codex:
         self.home.joinpath("config.toml").write_text(f"""\
 model = "{MODEL}"
 model_provider = "harmony"
-
+{settings}
 [model_providers.harmony]
-name = "harmony-proxy"
+name = "{provider_name}"
 base_url = "{server.base_url}/v1"
 wire_api = "responses"
 supports_websockets = {"true" if websocket else "false"}
@@ -103,11 +107,11 @@ def responses_requests(caplog: pytest.LogCaptureFixture) -> list[tuple[str, int]
 
 @pytest.fixture(params=["http", "websocket"])
 def codex(request: pytest.FixtureRequest, codex_binary: Path, tmp_path: Path,
-          caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[LiveServer], Codex]]:
+          caplog: pytest.LogCaptureFixture) -> Iterator[Callable[..., Codex]]:
     """Codex over HTTP (SSE), and over the WebSocket mode (`supports_websockets = true` on the provider)."""
     caplog.set_level(logging.INFO, logger="harmony_proxy.access")
     websocket = request.param == "websocket"
-    yield lambda server: Codex(codex_binary, tmp_path, server, websocket)
+    yield lambda server, **options: Codex(codex_binary, tmp_path, server, websocket, **options)
     # Every request came the way the provider says, and succeeded: no fallback from the WebSocket to HTTP.
     seen = responses_requests(caplog)
     assert seen and set(seen) == {("WS" if websocket else "POST", 200)}, seen
@@ -145,7 +149,7 @@ def prompts(engine: Recording, vocab: Any) -> list[str]:
 
 
 def test_shell_tool_loop_with_reasoning_shown(
-    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex],
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex],
     caplog: pytest.LogCaptureFixture
 ) -> None:
     server, engine = started(serve, vocab, [SHELL_CALL, SHELL_ANSWER])
@@ -171,7 +175,7 @@ def test_shell_tool_loop_with_reasoning_shown(
 
 
 def test_resumed_second_turn(
-    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex],
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex],
     caplog: pytest.LogCaptureFixture
 ) -> None:
     server, engine = started(serve, vocab, [SHELL_CALL, SHELL_ANSWER, SECOND_ANSWER])
@@ -194,7 +198,7 @@ def test_resumed_second_turn(
 
 
 def test_mcp_tool_routed_through_its_namespace(
-    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex]
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex]
 ) -> None:
     server, engine = started(serve, vocab, [MCP_CALL, MCP_ANSWER])
     events = codex(server).exec("What is the weather in Paris?")
@@ -211,7 +215,7 @@ def test_mcp_tool_routed_through_its_namespace(
 
 
 def test_freeform_apply_patch_from_the_mock_under_the_grammar(
-    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[[LiveServer], Codex]
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex]
 ) -> None:
     # The mock engine calls the tool the user names with what follows the name as its input, under the tool's
     # grammar (Codex's own Lark grammar for apply_patch, enforced with llguidance): the note in the middle is no
@@ -237,3 +241,48 @@ def test_freeform_apply_patch_from_the_mock_under_the_grammar(
     assert ("to=functions.apply_patch<|message|>*** Begin Patch\n*** Add File: hello.txt\n+hello from the patch\n"
             "*** End Patch\n<|call|><|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>") in second
     assert "Success. Updated the following files:\nA hello.txt" in second
+
+
+SUMMARY = (
+    "<|channel|>analysis<|message|>Sum up.<|end|><|start|>assistant<|channel|>final<|message|>"
+    "Task: say what notes.txt says. `cat notes.txt` printed: hello from the notes.<|return|>"
+)
+SECOND_SUMMARY = (
+    "<|channel|>analysis<|message|>Sum up again.<|end|><|start|>assistant<|channel|>final<|message|>"
+    "Done: told the user the notes say hello (notes.txt: hello from the notes).<|return|>"
+)
+
+
+def test_compacts_on_the_server_and_goes_on(
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Codex's first request (~4.7k tokens, mostly its instructions and tools) passes its auto-compaction limit,
+    # so Codex compacts mid-turn after the tool call, and again before the next turn. Codex compacts on the server
+    # only for a provider named "OpenAI" (or an Azure one): then it sends a `compaction_trigger` input item
+    # (remote_compaction_v2) and later the sealed `compaction` item back. The limit is Codex's own setting: 90% of
+    # a window this small would leave the summary no room beside Codex's instructions (the server would trim).
+    from proxy.responses.compaction import INSTRUCTION
+    from proxy.responses.compaction_items import SUMMARY_HEADING
+
+    engine = Recording(scripted_engine(vocab, [SHELL_CALL, SUMMARY, SHELL_ANSWER, SECOND_SUMMARY, SECOND_ANSWER]))
+    agent = codex(serve(engine=engine, max_model_len=8192), provider_name="OpenAI",
+                  settings="model_auto_compact_token_limit = 4000")
+    agent.workdir.joinpath("notes.txt").write_text("hello from the notes\n", encoding="utf-8")
+    first = agent.exec("What do my notes say?")
+    turn_completed(first)
+    assert [command["exit_code"] for command in items(first, "command_execution")] == [0]
+    assert [message["text"] for message in items(first, "agent_message")] == ["The notes say hello."]
+    again = agent.exec("resume", first[0]["thread_id"], "And now?")
+    turn_completed(again)
+    assert [message["text"] for message in items(again, "agent_message")] == ["Still hello."]
+
+    call, compaction, answer, second_compaction, later = prompts(engine, vocab)
+    assert INSTRUCTION in compaction and "hello from the notes" in compaction  # the summary's prompt
+    assert INSTRUCTION not in call + answer + later
+    # The compaction item went to Codex sealed, came back, and the server expanded it into the summary.
+    assert SUMMARY_HEADING in answer and "`cat notes.txt` printed: hello from the notes." in answer
+    assert "`cat notes.txt` printed" in second_compaction and INSTRUCTION in second_compaction
+    # The next turn starts from the second compaction alone: the first summary is replaced, the user's words kept.
+    assert "Done: told the user the notes say hello" in later and "`cat notes.txt` printed" not in later
+    assert "What do my notes say?" in later and "And now?" in later
+    assert len(responses_requests(caplog)) == 5 + 2 * agent.websocket  # no POST /v1/responses/compact either

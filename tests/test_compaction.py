@@ -121,7 +121,9 @@ def test_under_the_threshold_nothing_is_compacted(serve: Callable[..., LiveServe
     assert response.usage.input_tokens == size
 
 
-def test_compaction_trigger_answers_with_the_compaction_item(serve: Callable[..., LiveServer], vocab: Any) -> None:
+def test_compaction_trigger_answers_with_the_compaction_item(serve: Callable[..., LiveServer], vocab: Any,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="harmony_proxy.access")
     engine = Recording(scripted_engine(vocab, [CALL, ANSWER, SUMMARIZED]))
     server = serve(engine=engine, reasoning_key=KEY)
     client = client_for(server)
@@ -132,6 +134,8 @@ def test_compaction_trigger_answers_with_the_compaction_item(serve: Callable[...
     assert len(engine.requests) == 3
     client.responses.create(model=MODEL, input=[*items, response.output[0].model_dump(), LATER], store=False)
     assert SUMMARY in vocab.decode(engine.requests[3].prompt_token_ids)
+    logged = [record.fields.get("response_id") for record in caplog.records if record.name == "harmony_proxy.access"]
+    assert response.id in logged and not any(str(id).startswith("cmp_") for id in logged)  # not the summary's id
     misplaced = httpx.post(server.base_url + "/v1/responses", timeout=30, json={
         "model": MODEL, "input": [{"type": "compaction_trigger"}, LATER]})
     assert misplaced.status_code == 400 and misplaced.json()["error"]["param"] == "input[0]"

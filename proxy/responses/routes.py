@@ -15,6 +15,7 @@ from proxy.generation import parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request, routing_hints
 from proxy.outcome import Outcome
+from proxy.request_record import current_record
 from proxy.responses.compaction import compact_first
 from proxy.responses.compaction_items import split_trigger
 from proxy.responses.frames import EventWriter
@@ -92,6 +93,9 @@ async def new_run(state: ServerState, parsed: ResponsesRequest, history: list[di
     events: RunEvents
     if triggered and compacted.outcome is not None:  # Codex's compaction_trigger: the compaction item is the answer
         output, outcome, events = _output(state, parsed, leading=leading), compacted.outcome, _no_events()
+        record = current_record.get()
+        if record is not None:  # logs and traces name the response, not the summary's generation
+            record.response_id = response_id
     elif parsed.hosted:  # tools this server runs: the tool loop (proxy/responses/tool_loop.py)
         setup = _tool_loop(state, parsed, history, [*items, *leading], response_id, leading)
         output, outcome, events = await (unless_disconnected(watch, setup) if watch is not None else setup)

@@ -105,6 +105,11 @@ ITEMS: dict[str, dict[str, Any]] = {
     # Items of the tools the server runs, replayed (proxy/responses/server_items.py).
     **SERVER_ITEMS,
 }
+# Codex's bookkeeping (turn id, time, what the text is) on every item it sends to a provider named "OpenAI" (the
+# name that makes it compact on the server): accepted on any item, and ignored.
+CODEX_ITEM_METADATA = "internal_chat_message_metadata_passthrough"
+ITEMS = {kind: {**schema, "properties": {**schema["properties"], CODEX_ITEM_METADATA: {"type": ["object", "null"]}}}
+         for kind, schema in ITEMS.items()}
 
 _FORMAT = {
     "type": "object",
