@@ -21,6 +21,8 @@ from pathlib import Path
 
 from openai_harmony import HarmonyEncoding, HarmonyEncodingName, load_harmony_encoding
 
+from tools.long_runs import LONG_RUN
+
 # The o200k pre-tokenizer split (tiktoken's o200k_base `pat_str`), which the Harmony encoding shares.
 _O200K_PIECES = (
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
@@ -37,16 +39,9 @@ VOCAB_FILE_NAME = "o200k_base.tiktoken"
 VOCAB_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 BUNDLED_VOCAB = Path(__file__).parent / "data" / (VOCAB_FILE_NAME + ".gz")
 
-# openai-harmony's BPE is quadratic in the length of one pre-token: "x" * 40_000 takes half a second, holding
-# the GIL. Runs this long are never natural text (base64, DNA, a key held down); they are encoded in chunks,
-# which changes their tokens only at the cuts, so tokenization stays linear. Shorter text is encoded whole.
-_LONG_RUN = re.compile(r"\S{1024,}|\s{1024,}")
+# Long runs (tools/long_runs.py) are encoded in chunks, which changes their tokens only at the cuts, so
+# tokenization stays linear. Shorter text is encoded whole.
 _RUN_CHUNK = 256
-
-
-def has_long_run(text: str) -> bool:
-    """Whether text holds a run that `Vocab.encode` would have to cut (openai-harmony's own renders cannot)."""
-    return len(text) >= 1024 and _LONG_RUN.search(text) is not None
 
 _SPECIAL_SPELLING = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 
@@ -102,11 +97,11 @@ class Vocab:
 
     def encode(self, text: str) -> list[int]:
         """Encode text that must stay text: special-token spellings in it become ordinary tokens."""
-        if len(text) < 1024 or not _LONG_RUN.search(text):
+        if len(text) < 1024 or not LONG_RUN.search(text):
             return self.encoding.encode(text, disallowed_special=())
         tokens: list[int] = []
         position = 0
-        for run in _LONG_RUN.finditer(text):
+        for run in LONG_RUN.finditer(text):
             tokens += self.encoding.encode(text[position : run.start()], disallowed_special=())
             for start in range(run.start(), run.end(), _RUN_CHUNK):
                 tokens += self.encoding.encode(text[start : min(start + _RUN_CHUNK, run.end())], disallowed_special=())

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from parsers.vocab import has_long_run
 from tools.freeform import Freeform, format_error
+from tools.long_runs import has_long_run
 from tools.schema_check import enforcement, schema_error, unresolved_ref
 
 # OpenAI allows letters, digits, '_' and '-'; gpt-oss tool names with dots round-trip too (vLLM #51977).
