@@ -286,3 +286,27 @@ def test_compacts_on_the_server_and_goes_on(
     assert "Done: told the user the notes say hello" in later and "`cat notes.txt` printed" not in later
     assert "What do my notes say?" in later and "And now?" in later
     assert len(responses_requests(caplog)) == 5 + 2 * agent.websocket  # no POST /v1/responses/compact either
+
+
+@pytest.mark.parametrize("codex", ["http"], indirect=True)
+def test_a_small_window_alone_makes_codex_compact(
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex], caplog: pytest.LogCaptureFixture
+) -> None:
+    # --max-model-len 5000 alone: Codex's limit is 90% of the catalog's window, which its first request passes.
+    # Codex's instructions and tools (~4.6k tokens) then leave the summary less room than it needs, so the server
+    # leaves the tool calls and outputs out of the summary's prompt (with a warning) and the session goes on.
+    from proxy.responses.compaction import INSTRUCTION
+    from proxy.responses.compaction_items import SUMMARY_HEADING
+
+    engine = Recording(scripted_engine(vocab, [SHELL_CALL, SUMMARY, SHELL_ANSWER]))
+    agent = codex(serve(engine=engine, max_model_len=5000), provider_name="OpenAI")
+    agent.workdir.joinpath("notes.txt").write_text("hello from the notes\n", encoding="utf-8")
+    events = agent.exec("What do my notes say?")
+    turn_completed(events)
+    assert [message["text"] for message in items(events, "agent_message")] == ["The notes say hello."]
+    call, compaction, answer = prompts(engine, vocab)
+    assert INSTRUCTION in compaction and "What do my notes say?" in compaction
+    assert "hello from the notes" not in compaction  # the tool output was left out: no room
+    assert SUMMARY_HEADING + "Task: say what notes.txt says." in answer
+    assert any("did not fit the context" in record.getMessage() for record in caplog.records)
+    assert all(len(request.prompt_token_ids) <= 5000 for request in engine.requests)
