@@ -29,10 +29,9 @@ import llguidance
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from parsers.conversation import ResponseFormat
 from parsers.vocab import Vocab, load_vocab
 from tools.arguments import example_arguments
-from tools.definitions import FunctionTool, ToolChoice
+from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 from tools.grammar import OutputGrammar, output_grammar
 from tools.matcher import GrammarMatchers
 

@@ -7,9 +7,8 @@ renderer turns the list into prompt tokens. Keeping one form means one set of re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from tools.definitions import FunctionTool
+from tools.definitions import FunctionTool, ResponseFormat
 
 
 @dataclass(frozen=True)
@@ -89,21 +88,6 @@ class ServerToolResult:
 
 Item = (Instructions | UserMessage | Reasoning | AssistantMessage | ToolCall | ToolResult | ServerToolCall
         | ServerToolResult)
-
-
-@dataclass(frozen=True)
-class ResponseFormat:
-    """A structured-output format: described to the model in the developer message, enforced by the engine.
-
-    `kind` is "json_schema" or "json_object" (any JSON object; its name and schema are ours, not the client's);
-    `strict` asks that every keyword of the schema be enforced, or the request refused.
-    """
-
-    name: str
-    schema: dict[str, Any]
-    description: str = ""
-    strict: bool = False
-    kind: str = "json_schema"
 
 
 @dataclass

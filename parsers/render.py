@@ -52,7 +52,6 @@ from parsers.conversation import (
     Item,
     Prompt,
     Reasoning,
-    ResponseFormat,
     ServerToolCall,
     ServerToolResult,
     ToolCall,
@@ -62,7 +61,7 @@ from parsers.conversation import (
 from parsers.vocab import Vocab
 from tools import typescript
 from tools.cache import BoundedCache, CacheStats, ToolCatalog, ToolDeclarations
-from tools.definitions import FunctionTool
+from tools.definitions import FunctionTool, ResponseFormat
 
 EFFORTS = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
 KNOWLEDGE_CUTOFF = "2024-06"

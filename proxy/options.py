@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from parsers.conversation import Instructions, Item, ResponseFormat
+from parsers.conversation import Instructions, Item
 from parsers.vocab import Vocab
 from proxy.engines.base import GenerationRequest, OutputConstraint, SamplingParams
 from proxy.errors import invalid_request
-from tools.definitions import MAX_SCHEMA_DEPTH, enforceability_error, json_depth
+from tools.definitions import MAX_SCHEMA_DEPTH, ResponseFormat, enforceability_error, json_depth
 from tools.schema_check import schema_error
 
 

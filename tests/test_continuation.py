@@ -15,14 +15,13 @@ from parsers.conversation import (
     Item,
     Prompt,
     Reasoning,
-    ResponseFormat,
     ToolCall,
     ToolResult,
     UserMessage,
 )
 from parsers.render import Renderer
 from parsers.vocab import Vocab
-from tools.definitions import FunctionTool
+from tools.definitions import FunctionTool, ResponseFormat
 
 TOOLS = [FunctionTool("get_weather", "Weather.", {"type": "object", "properties": {"city": {"type": "string"}}})]
 

@@ -26,14 +26,13 @@ from typing import Any
 import httpx
 import pytest
 
-from parsers.conversation import ResponseFormat
 from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint, SamplingParams, Step, Usage
 from proxy.engines.remote import RemoteEngine, _Inbox
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER, CALL, client_for, message_answer
 from tests.test_trtllm import ASK, events, model_folder
-from tools.definitions import FunctionTool, ToolChoice
+from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 
 REPO = Path(__file__).resolve().parent.parent
 FAKE = REPO / "tests" / "fake_trtllm"

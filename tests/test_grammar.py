@@ -11,10 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parsers.conversation import ResponseFormat
 from parsers.vocab import Vocab
 from tests.grammars import session_matchers
-from tools.definitions import FunctionTool, ToolChoice
+from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 from tools.grammar import OutputGrammar, output_grammar
 from tools.matcher import GrammarMatchers
 

@@ -13,7 +13,7 @@ import httpx
 import jsonschema
 import pytest
 
-from parsers.conversation import Prompt, ResponseFormat, ToolResult, UserMessage
+from parsers.conversation import Prompt, ToolResult, UserMessage
 from parsers.items import ItemCollector
 from parsers.render import Renderer
 from parsers.stream import OutputParser
@@ -26,7 +26,7 @@ from proxy.responses.request import parse_responses_request
 from tests.conftest import MODEL, LiveServer
 from tests.grammars import session_matchers
 from tools.arguments import example_arguments
-from tools.definitions import FunctionTool, ToolChoice
+from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 
 CODE = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}},
         "required": ["code"], "additionalProperties": False}

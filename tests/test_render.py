@@ -12,21 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai_harmony import Author, DeveloperContent, Message, RenderOptions, Role, SystemContent, ToolDescription
 
-from parsers.conversation import (
-    AssistantMessage,
-    Instructions,
-    Prompt,
-    Reasoning,
-    ResponseFormat,
-    ToolCall,
-    ToolResult,
-    UserMessage,
-)
-from parsers.render import EFFORTS, KNOWLEDGE_CUTOFF, Renderer, split_leading_instructions, _visible_history
+from parsers.conversation import AssistantMessage, Instructions, Prompt, Reasoning, ToolCall, ToolResult, UserMessage
+from parsers.render import EFFORTS, KNOWLEDGE_CUTOFF, Renderer, _visible_history, split_leading_instructions
 from parsers.vocab import Vocab, load_vocab
 from proxy.chat.request import parse_chat_request
 from tests.conftest import FIXTURES
-from tools.definitions import FunctionTool
+from tools.definitions import FunctionTool, ResponseFormat
 
 GOLDEN = sorted((FIXTURES / "prompts").glob("*.request.json"))
 

@@ -15,16 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parsers.conversation import (
-    AssistantMessage,
-    Instructions,
-    Prompt,
-    Reasoning,
-    ResponseFormat,
-    ToolCall,
-    ToolResult,
-    UserMessage,
-)
+from parsers.conversation import AssistantMessage, Instructions, Prompt, Reasoning, ToolCall, ToolResult, UserMessage
 from parsers.render import Renderer, encode_in_pieces
 from parsers.vocab import Vocab, load_vocab
 from proxy.app import create_app
@@ -38,6 +29,7 @@ from proxy.state import ServerState
 from proxy.validation import LARGE_BODY_BYTES, compile_schema, decode_json_object
 from tests.conftest import FIXTURES, MODEL, LiveServer
 from tools.cache import MAX_TOOLS, BoundedCache, ToolCatalog
+from tools.definitions import ResponseFormat
 from tools.fast_schema import compile_predicate
 from tools.schema_check import _ACCEPTS, merged_meta_schema, schema_error
 

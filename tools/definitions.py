@@ -1,4 +1,4 @@
-"""Function tools a request declares, checked once so nothing later has to doubt them."""
+"""Function tools and the output format a request declares, checked once so nothing later has to doubt them."""
 
 from __future__ import annotations
 
@@ -24,6 +24,21 @@ RESERVED_NAMESPACES = frozenset({"functions", "browser", "python", "container", 
                                  "user", "system", "developer", "tool", "all"})
 # Declarations of bounded depth: the renderer and the grammar compiler recurse over the schema.
 MAX_SCHEMA_DEPTH = 48
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """A structured-output format: described to the model in the developer message, enforced by the engine.
+
+    `kind` is "json_schema" or "json_object" (any JSON object; its name and schema are ours, not the client's);
+    `strict` asks that every keyword of the schema be enforced, or the request refused.
+    """
+
+    name: str
+    schema: dict[str, Any]
+    description: str = ""
+    strict: bool = False
+    kind: str = "json_schema"
 
 
 class ToolError(ValueError):

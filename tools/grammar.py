@@ -36,8 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from parsers.conversation import ResponseFormat
-from tools.definitions import FunctionTool, ToolChoice
+from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 from tools.freeform import Freeform
 from tools.schema_check import enforcement, grammar_options
 

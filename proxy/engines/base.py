@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal, Protocol
 
-from parsers.conversation import ResponseFormat
-from tools.definitions import FunctionTool, ToolChoice
+from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 from tools.grammar import OutputGrammar, output_grammar
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]

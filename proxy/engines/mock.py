@@ -21,12 +21,11 @@ import re
 
 import llguidance
 
-from parsers.conversation import ResponseFormat
 from parsers.vocab import Vocab
 from proxy.engines.base import GenerationRequest
 from proxy.engines.playback import PlaybackEngine
 from tools.arguments import example_arguments
-from tools.definitions import FunctionTool
+from tools.definitions import FunctionTool, ResponseFormat
 from tools.matcher import GrammarMatchers
 
 logger = logging.getLogger("harmony_proxy.engine")

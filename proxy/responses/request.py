@@ -19,7 +19,6 @@ from parsers.conversation import (
     Item,
     Prompt,
     Reasoning,
-    ResponseFormat,
     ToolCall,
     ToolResult,
     UserMessage,
@@ -38,7 +37,15 @@ from proxy.responses.server_items import ID_PREFIXES, ServerItems
 from proxy.responses.store import ResponseStore
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
 from tools.cache import ToolCatalog
-from tools.definitions import FunctionTool, ToolChoice, ToolError, check_choice, make_tool, namespace_error
+from tools.definitions import (
+    FunctionTool,
+    ResponseFormat,
+    ToolChoice,
+    ToolError,
+    check_choice,
+    make_tool,
+    namespace_error,
+)
 
 _REQUEST = compile_schema(RESPONSES_REQUEST)
 _ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
