@@ -127,13 +127,15 @@ class BackgroundJobs:
 
     async def save_end(self, record: StoredResponse) -> bool:
         """Save a job's ending (`save_owned`). It must reach the store: while the database is away, try again (this
-        process still owns the job and renews it, so no other process ends it meanwhile), unless stopping."""
+        process still owns the job and renews it, so no other process ends it meanwhile), unless stopping.
+        False when it was not saved: the job is no longer this process's, or the server stops."""
         while True:
             try:
                 return await self._store.save_owned(record)
             except StoreUnavailable as exc:
-                if self._closing:
-                    raise
+                if self._closing:  # its heartbeat stops with this process: another one ends it after the lease
+                    logger.warning("saving the end of response %s failed as the server stops: %s", record.id, exc)
+                    return False
                 logger.warning("saving the end of response %s failed, trying again: %s", record.id, exc)
                 await asyncio.sleep(RETRY_EVERY)
 

@@ -11,6 +11,7 @@ connection before lending it and reconnects when the server is back.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -30,6 +31,7 @@ from proxy.responses.store import (
 )
 
 T = TypeVar("T")
+logger = logging.getLogger("harmony_proxy")
 Connection = psycopg.AsyncConnection[Any]
 CONNECT_TIMEOUT = 2.0  # seconds an operation waits for a connection before it is a 503
 POOL_SIZE = 10
@@ -280,6 +282,8 @@ class PostgresResponseStore:
 
         try:
             await self._run("close", release)
+        except StoreUnavailable as exc:  # the jobs stay ours until their heartbeat is older than the lease
+            logger.warning("giving up this process's jobs failed: %s", exc)
         finally:
             await self._pool.close()
 
