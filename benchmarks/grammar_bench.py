@@ -30,10 +30,10 @@ import llguidance
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from parsers.vocab import Vocab, load_vocab
+from proxy.engines.matcher import GrammarMatchers
 from tools.arguments import example_arguments
 from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 from tools.grammar import OutputGrammar, output_grammar
-from tools.matcher import GrammarMatchers
 
 REASONING = "The user wants this; I will answer in the required form. " * 8
 

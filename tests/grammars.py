@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from parsers.vocab import Vocab
-from tools.matcher import GrammarMatchers
+from proxy.engines.matcher import GrammarMatchers
 
 
 @functools.cache

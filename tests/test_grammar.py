@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from parsers.vocab import Vocab
+from proxy.engines.matcher import GrammarMatchers
 from tests.grammars import session_matchers
 from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 from tools.grammar import OutputGrammar, output_grammar
-from tools.matcher import GrammarMatchers
 
 # Recorded completions no constrained engine can produce: their reason.
 MALFORMED = {

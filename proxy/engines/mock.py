@@ -23,10 +23,10 @@ import llguidance
 
 from parsers.vocab import Vocab
 from proxy.engines.base import GenerationRequest
+from proxy.engines.matcher import GrammarMatchers
 from proxy.engines.playback import PlaybackEngine
 from tools.arguments import example_arguments
 from tools.definitions import FunctionTool, ResponseFormat
-from tools.matcher import GrammarMatchers
 
 logger = logging.getLogger("harmony_proxy.engine")
 

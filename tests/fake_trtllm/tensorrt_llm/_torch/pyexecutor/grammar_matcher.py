@@ -75,7 +75,8 @@ class LLGuidanceMatcherFactory:
         if guide_type not in grammars:
             raise ValueError(f"Unsupported guide type: GuideType.{guide_type}.")
         if self._tokenizer is None:  # the real factory builds it with the LLM; here on first use, to save tests time
-            from tools.matcher import build_tokenizer  # the o200k_harmony tokenizer, EOS <|return|> (as gpt-oss's)
+            # the o200k_harmony tokenizer, EOS <|return|> (as gpt-oss's)
+            from proxy.engines.matcher import build_tokenizer
 
             self._tokenizer = build_tokenizer(self._vocab)
         matcher = self._matcher_class(self._tokenizer, grammars[guide_type]())
