@@ -82,7 +82,8 @@ async def _run(url: str, folder: Path, chains: int, turns: int) -> None:
         for name in ("sqlite", "postgres"):
             values = results[name][0][operation]
             line.append(f"{name} {_ms(values, 0.5):6.2f} / {_ms(values, 0.99):6.2f}")
-        ratio = statistics.median(results["postgres"][0][operation]) / statistics.median(results["sqlite"][0][operation])
+        medians = {name: statistics.median(results[name][0][operation]) for name in results}
+        ratio = medians["postgres"] / medians["sqlite"]
         print("  ".join(line) + f"  ratio p50 {ratio:.2f}")
     rates = {name: chains * turns / results[name][1] for name in results}
     print(f"turns/s  sqlite {rates['sqlite']:.0f}  postgres {rates['postgres']:.0f}  "

@@ -144,7 +144,11 @@ async def _open_store(state: ServerState) -> None:
     server process that is gone will never finish: say so, now and while serving; also watch for cancels from
     other processes (`proxy/responses/jobs.py`)."""
     if state.responses is not None:
-        await state.responses.open()
+        try:
+            await state.responses.open()
+        except StoreUnavailable as exc:
+            logger.error("%s: the server cannot start without its store", exc)
+            raise
     if state.jobs is not None:
         await state.jobs.open()
 

@@ -9,6 +9,8 @@ import asyncio
 import json
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +27,7 @@ from proxy.responses.store_postgres import PostgresResponseStore
 from proxy.responses.store_sqlite import SQLiteResponseStore
 from tests.conftest import MODEL
 from tests.postgres import PostgresServer
-from tests.test_store_processes import LONG, ServerProcess, _text
+from tests.test_store_processes import LONG, ROOT, ServerProcess, _text
 
 @pytest.fixture
 def replicas(tmp_path: Path, postgres_url: str) -> Iterator[Any]:
@@ -165,6 +167,21 @@ def test_database_restart_gives_503s_and_recovers(replicas: Any, postgres: Postg
     assert follow["previous_response_id"] == kept["id"]
     assert server.request("GET", f"/v1/responses/{lost['id']}").status_code == 404
 
+    # A server told to stop while the database is away stops, within its shutdown timeout, without hanging on
+    # the saves it cannot make (another replica ends its job once the heartbeat is older than the lease).
+    running = server.create(background=True)
+    _wait(lambda: _text(server.get(running["id"])))
+    postgres.stop()
+    try:
+        asked = time.monotonic()
+        server.stop()
+        assert time.monotonic() - asked < 10
+    finally:
+        postgres.start()
+    log = server.log_text()
+    assert "failed as the server stops" in log and "giving up this process's jobs failed" in log
+    assert log.rstrip().endswith(f"Finished server process [{server.process.pid}]")  # shut down, not crashed
+
 
 def test_schema_is_created_and_migrated(tmp_path: Path, postgres_url: str) -> None:
     """A SQLite file from before versions were kept (version 0, no conversation tables) is migrated in place; a
@@ -196,3 +213,16 @@ def test_schema_is_created_and_migrated(tmp_path: Path, postgres_url: str) -> No
     with psycopg.connect(postgres_url) as db:
         assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [
             (number,) for number in range(1, len(postgres_store.MIGRATIONS) + 1)]
+
+
+@pytest.mark.parametrize("options, says", [
+    (["--store-url", "mysql://user@127.0.0.1/db"], "--store-url takes a PostgreSQL URL"),
+    (["--store-url", "postgresql://user@127.0.0.1/db", "--store-path", "x.sqlite3"], "name two stores"),
+    (["--store-url", "postgresql://user:hunter22@127.0.0.1:1/db"],
+     "cannot connect to the PostgreSQL store 127.0.0.1:1/db"),
+])
+def test_a_store_that_cannot_be_used_stops_the_start(options: list[str], says: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--engine", "mock", "--port", "0", *options],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+    assert done.returncode != 0 and says in done.stderr + done.stdout
+    assert "hunter22" not in done.stderr + done.stdout  # a password never reaches the log

@@ -217,6 +217,9 @@ class ServerProcess:
         assert response.status_code == 200, response.text
         return response.json()
 
+    def log_text(self) -> str:
+        return self._log.read_text(encoding="utf-8", errors="replace")
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from proxy.responses.store import (
@@ -91,12 +92,18 @@ class PostgresResponseStore:
         """`on_operation(name, seconds, ok)` is told each operation's latency, waiting for a connection included."""
         self._on_operation = on_operation
         self.owner = new_owner()
+        where = conninfo_to_dict(url)  # for messages: never the password
+        self._where = f"{where.get('host', 'localhost')}:{where.get('port', 5432)}/{where.get('dbname', '')}"
         self._pool = AsyncConnectionPool(url, min_size=1, max_size=pool_size, open=False, timeout=CONNECT_TIMEOUT,
                                          kwargs={"autocommit": True}, check=AsyncConnectionPool.check_connection,
                                          reconnect_timeout=0)
 
     async def open(self) -> None:
-        await self._pool.open(wait=True, timeout=CONNECT_TIMEOUT * 2)
+        try:
+            await self._pool.open(wait=True, timeout=CONNECT_TIMEOUT * 2)
+        except PoolTimeout:
+            await self._pool.close()
+            raise StoreUnavailable(f"cannot connect to the PostgreSQL store {self._where}") from None
         async with self._pool.connection() as db, db.transaction():
             await db.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             await db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
