@@ -89,7 +89,10 @@ class Replica:
 
     async def completions(self, request: Request) -> Response:
         body = await request.json()
-        prompt: list[int] = body["prompt"]
+        # Headers at once, as vLLM and trtllm-serve answer; the prefill is the wait for the first token.
+        return StreamingResponse(self._stream(body["prompt"]), media_type="text/event-stream")
+
+    async def _stream(self, prompt: list[int]) -> Any:
         keys = self._keys(prompt)
         async with self.prefill:
             started = time.perf_counter()
@@ -100,15 +103,12 @@ class Replica:
         self.requests += 1
         self.prompt_tokens += len(prompt)
         self.cached_tokens += cached
-        return StreamingResponse(self._stream(len(prompt), cached), media_type="text/event-stream")
-
-    async def _stream(self, prompt_tokens: int, cached: int) -> Any:
         for index, token in enumerate(self.answer):
             last = index == len(self.answer) - 1
             chunk = {"choices": [{"index": 0, "text": "", "token_ids": [token],
                                   "finish_reason": "stop" if last else None}]}
             yield f"data: {json.dumps(chunk)}\n\n"
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(self.answer),
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(self.answer),
                  "prompt_tokens_details": {"cached_tokens": cached}}
         yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n"
 
@@ -204,8 +204,8 @@ def main() -> None:
     parser.add_argument("--system-words", type=int, default=1000, help="the shared system prompt (~2 tokens a word)")
     parser.add_argument("--user-words", type=int, default=800, help="what each turn adds before the answer")
     parser.add_argument("--answer-words", type=int, default=60)
-    parser.add_argument("--cache-blocks", type=int, default=20000,
-                        help="blocks of 16 tokens each replica's prefix cache holds (default: ~1/3 of the workload)")
+    parser.add_argument("--cache-blocks", type=int, default=15000,
+                        help="blocks of 16 tokens each replica's prefix cache holds (default: its share of the workload)")
     parser.add_argument("--prefill-us", type=float, default=10.0, help="prefill time per uncached prompt token")
     parser.add_argument("--stagger", type=float, default=2.0, help="conversations start within this many seconds")
     parser.add_argument("--think", type=float, default=0.3, help="pause between a conversation's turns, at most")

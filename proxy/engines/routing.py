@@ -13,7 +13,7 @@ home, and the request goes there. A new conversation (no part of its own cached 
 lowest: the requests in flight, plus a quarter of the requests sent lately (decaying by half over ~45 requests),
 so that new conversations spread even when traffic is sequential, rather than all following the replica that saw
 the shared system prompt first. And one hot conversation cannot pin a replica: one with more than `load_factor`
-times the mean of the requests in flight, plus one, is passed over (bounded-load consistent hashing).
+times the mean of the requests in flight, plus two, is passed over (bounded-load consistent hashing).
 
 Session keys clients send (`previous_response_id`, `prompt_cache_key`, `session-id` headers) are hints: among
 replicas that hold equally much of the conversation (prompts shorter than a block, say), the replica that served
@@ -35,6 +35,9 @@ SAMPLE_STRIDE = 4
 _DECAY = 0.985  # per request sent: a request counts half after ~45 more
 # A request sent lately weighs a quarter of one in flight: it tells where conversations live (and will come back).
 _RECENT_WEIGHT = 0.25
+# Requests in flight a replica may have beyond `load_factor` times the mean before its conversations go elsewhere:
+# an engine batches many, so a light load is no reason to give up a conversation's cache.
+_SLACK = 2
 
 
 def block_keys(prompt: Sequence[int], block_tokens: int = BLOCK_TOKENS) -> list[int]:
@@ -66,11 +69,11 @@ class Router(Protocol):
         ...
 
     def sent(self, route: Route, replica: int, request_id: str) -> None:
-        """The replica took the request (its stream opened): remember it and count it as in flight."""
+        """The request is being sent to the replica: remember it and count it as in flight."""
         ...
 
     def finished(self, route: Route, replica: int) -> None:
-        """A request the replica took has ended."""
+        """A request sent to the replica has ended (or the replica refused it)."""
         ...
 
 
@@ -133,7 +136,7 @@ class CacheAwareRouter:
         matched = {replica: self._matched(replica, keys) for replica in range(self._replicas)}
         shared = self._shared_blocks(keys)
         hinted = next((replica for hint in hints if (replica := self._sessions.get(hint)) is not None), None)
-        bound = self._load_factor * (sum(self.in_flight) + 1) / self._replicas + 1
+        bound = self._load_factor * (sum(self.in_flight) + 1) / self._replicas + _SLACK
         turn = next(self._fallback)
 
         def rank(replica: int) -> tuple[bool, int, bool, float, int]:

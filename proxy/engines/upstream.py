@@ -145,17 +145,23 @@ class UpstreamEngine:
         problems = []
         for replica in route.order:
             url = self._urls[replica]
+            # In flight from now: a replica queueing prefills has not answered yet, and is busy all the same.
+            self.router.sent(route, replica, request.request_id)
             try:
                 response = await self._client.send(
                     self._client.build_request("POST", url + "/completions", json=body,
                                                headers=request.trace_headers or None), stream=True
                 )
             except httpx.HTTPError as exc:
+                self.router.finished(route, replica)
                 problems.append(f"{_public(url)}: {_describe(exc)}")
                 continue
+            except BaseException:
+                self.router.finished(route, replica)
+                raise
             if response.status_code == 200:
-                self.router.sent(route, replica, request.request_id)
                 return response, route, replica
+            self.router.finished(route, replica)
             message = await _error_message(response)
             if response.status_code in _RETRY_STATUSES:
                 problems.append(f"{_public(url)}: HTTP {response.status_code} {message}")
