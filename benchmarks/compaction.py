@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from proxy.responses.compaction import SUMMARY_MAX_TOKENS  # noqa: E402
+from proxy.responses.compaction import SUMMARY_MAX_TOKENS
 
 MODEL = "openai/gpt-oss-20b"
 KEY = "benchmark-reasoning-key-0123456789"

@@ -55,6 +55,7 @@ import argparse
 import asyncio
 import http.server
 import json
+import math
 import multiprocessing
 import os
 import resource
@@ -76,8 +77,9 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: `parsers` comes from this tree
 
-from parsers.vocab import Vocab, load_vocab  # noqa: E402
-from sse_client import LoadResult, LoadStats, ProbeFailed, build_request, run_load  # noqa: E402
+from sse_client import LoadResult, LoadStats, ProbeFailed, build_request, run_load
+
+from parsers.vocab import Vocab, load_vocab
 
 MODEL = "openai/gpt-oss-20b"
 ANALYSIS_TOKENS, FINAL_TOKENS, BARE_TOKENS = 90, 320, 400
@@ -184,7 +186,8 @@ class Server:
         with self.log.open("wb") as log:
             # Its own process group, so that stop() reaches workers and wrapped commands too.
             self.process = subprocess.Popen(command, cwd=kind.cwd, env=kind.env, stdout=log, stderr=subprocess.STDOUT,
-                                            preexec_fn=lambda: os.sched_setaffinity(0, cpus), start_new_session=True)
+                                            preexec_fn=lambda: os.sched_setaffinity(0, cpus),  # noqa: PLW1509 (a C call)
+                                            start_new_session=True)
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -289,7 +292,7 @@ HEADER = (f"{'server':<14} {'K':>3} {'C':>5} {'tok/s':>8} {'us/tok':>7} {'/bare'
 
 
 def seconds(value: float) -> str:
-    return "-" if value != value else f"{value * 1e3:.1f}ms" if value < 1 else f"{value:.2f}s"
+    return "-" if math.isnan(value) else f"{value * 1e3:.1f}ms" if value < 1 else f"{value:.2f}s"
 
 
 def format_row(row: Row, bare: Row | None) -> str:

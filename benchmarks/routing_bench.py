@@ -36,11 +36,11 @@ from starlette.routing import Route
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from parsers.vocab import Vocab, load_vocab  # noqa: E402
-from proxy.app import create_app  # noqa: E402
-from proxy.config import ServerConfig  # noqa: E402
-from proxy.engines.upstream import UpstreamEngine  # noqa: E402
-from proxy.state import ServerState  # noqa: E402
+from parsers.vocab import Vocab, load_vocab
+from proxy.app import create_app
+from proxy.config import ServerConfig
+from proxy.engines.upstream import UpstreamEngine
+from proxy.state import ServerState
 
 MODEL = "openai/gpt-oss-20b"
 CACHE_BLOCK = 16  # vLLM's default block size
@@ -219,7 +219,7 @@ def main() -> None:
     for key in rr:
         a, b = rr[key], ca[key]
         ratio = f"{b / a:8.2f}" if isinstance(a, float) and a else ""
-        show = (lambda v: f"{v:24.3f}") if isinstance(a, float) else (lambda v: f"{str(v):>24}")
+        show = (lambda v: f"{v:24.3f}") if isinstance(a, float) else (lambda v: f"{v!s:>24}")
         print(f"{key:30} {show(a)} {show(b)} {ratio}")
 
 

@@ -34,7 +34,8 @@ def start(root: Path, port: int) -> subprocess.Popen[bytes]:
 
     command = [sys.executable, "-m", "proxy", "serve", "--engine", "mock", "--no-store", "--host", "127.0.0.1",
                "--port", str(port), "--log-level", "warning"]
-    process = subprocess.Popen(command, cwd=root, preexec_fn=limit, stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(command, cwd=root, preexec_fn=limit,  # noqa: PLW1509 (setrlimit, a C call)
+                               stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, env={"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin"})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

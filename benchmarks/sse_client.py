@@ -248,7 +248,7 @@ async def run_load(host: str, port: int, request: bytes, concurrency: int, warmu
             status = await asyncio.wait_for(probe.send(request), timeout=60)
         finally:
             probe.transport.abort()  # type: ignore[union-attr]
-    except (OSError, asyncio.TimeoutError) as exc:  # ConnectionError is an OSError
+    except (TimeoutError, OSError) as exc:  # ConnectionError is an OSError
         raise ProbeFailed(f"the first request failed: {exc!r}") from None
     if status != 200 or not stats.usage_frames:
         raise ProbeFailed(f"the first request got status {status} and no usage chunk")
@@ -266,7 +266,7 @@ async def run_load(host: str, port: int, request: bytes, concurrency: int, warmu
     if not stats.usage_frames:  # no stream of the run ended: the one sent alone is all we know
         stats.usage_tokens, stats.usage_frames = alone
     waits = [end - sent for sent in (c.waiting_since() for c in connections) if sent is not None]
-    for connection in list(connections):
+    for connection in connections:
         if connection.transport is not None:
             connection.transport.abort()
     await asyncio.wait(tasks, timeout=10)

@@ -23,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from proxy.responses.store import ResponseStore, StoredResponse  # noqa: E402
-from proxy.responses.store_postgres import PostgresResponseStore  # noqa: E402
-from proxy.responses.store_sqlite import SQLiteResponseStore  # noqa: E402
+from proxy.responses.store import ResponseStore, StoredResponse
+from proxy.responses.store_postgres import PostgresResponseStore
+from proxy.responses.store_sqlite import SQLiteResponseStore
 
 OPERATIONS = ("save", "history", "load")
 

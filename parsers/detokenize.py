@@ -37,6 +37,6 @@ class Detokenizer:
         if token not in self._spellings:
             try:
                 self._spellings[token] = self._vocab.decode([token])
-            except Exception:  # an id past the vocabulary (openai-harmony raises): nothing to show
+            except Exception:  # noqa: BLE001  # an id past the vocabulary (openai-harmony raises): nothing to show
                 return ""
         return self._spellings[token]

@@ -181,9 +181,7 @@ class OutputParser:
     def _special(self, token: int, events: list[Event]) -> None:
         mode = self._mode
         if token in self._ends or token == self._start:
-            if mode is _Mode.BODY:
-                self._close(complete=True, events=events)
-            elif mode is _Mode.HEADER and token != self._start and self._open_unmarked(events):
+            if mode is _Mode.BODY or (mode is _Mode.HEADER and token != self._start and self._open_unmarked(events)):
                 self._close(complete=True, events=events)
             elif mode is _Mode.PREFIX:
                 self._settle_prefix(complete=True, events=events)

@@ -64,7 +64,7 @@ class TextFormatter(logging.Formatter):
         record.detail_text = f" {detail}" if detail else ""
         return super().format(record)
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+    def formatMessage(self, record: logging.LogRecord) -> str:  # (logging's name)
         return escape_controls(super().formatMessage(record))
 
 

@@ -62,7 +62,7 @@ async def ready(request: Request) -> Response:
     if state.responses is not None:
         try:
             await state.responses.check()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  # whatever the backend's driver raises: not ready
             raise APIError(503, f"The response store is unreachable: {type(exc).__name__}.",
                            code="store_unavailable") from None
     return JSONResponse({"status": "ready", "engine": state.engine.name, "model": state.config.served_model_name})

@@ -51,7 +51,7 @@ class PostgresServer:
 
     def _run(self, program: str, *arguments: str) -> None:
         done = subprocess.run([*self._as, str(self._bin / program), *arguments], capture_output=True, text=True,
-                              cwd=self.folder, timeout=120)
+                              cwd=self.folder, timeout=120, check=False)
         if done.returncode != 0:
             log = self._log.read_text() if self._log.exists() else ""
             raise RuntimeError(f"{program} failed: {done.stdout}{done.stderr}{log}")

@@ -304,7 +304,7 @@ def test_a_small_window_alone_makes_codex_compact(
     events = agent.exec("What do my notes say?")
     turn_completed(events)
     assert [message["text"] for message in items(events, "agent_message")] == ["The notes say hello."]
-    call, compaction, answer = prompts(engine, vocab)
+    _, compaction, answer = prompts(engine, vocab)
     assert INSTRUCTION in compaction and "What do my notes say?" in compaction
     assert "hello from the notes" not in compaction  # the tool output was left out: no room
     assert SUMMARY_HEADING + "Task: say what notes.txt says." in answer

@@ -9,11 +9,11 @@ from typing import Any
 import httpx
 import pytest
 
+from proxy.engines.scripted import scripted_engine
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
 from tests.test_e2e_chat import ANSWER, client_for
 from tests.test_e2e_http import sse_payloads
-from proxy.engines.scripted import scripted_engine
 
 RAW = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is 18C."
 

@@ -63,10 +63,10 @@ def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
     stack: list[str] = []
     on_stack: set[str] = set()
     found: list[list[str]] = []
-    for root in edges:
+    for root, targets in edges.items():
         if root in index:
             continue
-        work = [(root, iter(edges[root]))]
+        work = [(root, iter(targets))]
         index[root] = low[root] = len(index)
         stack.append(root)
         on_stack.add(root)

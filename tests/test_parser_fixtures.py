@@ -158,8 +158,8 @@ def collect(vocab: Vocab, text: str) -> list[tuple[str, str | None, str, bool]]:
         ("<|channel|>commentary to=functions.f<|constrain|>json<|call|>", []),
         ("<|channel|>final Hello", []),  # cut off before any boundary: still a half-written header
         # a bare channel name right before <|channel|> is header debris; before an end it is what the model said
-        ("<|channel|>analysis<|message|>a<|end|>commentary<|channel|>commentary to=functions.get_weather json"
-         "<|message|>{}<|call|>", [("reasoning", None, "a", True), ("tool_call", "get_weather", "{}", True)]),
+        (("<|channel|>analysis<|message|>a<|end|>commentary<|channel|>commentary to=functions.get_weather json"
+          "<|message|>{}<|call|>"), [("reasoning", None, "a", True), ("tool_call", "get_weather", "{}", True)]),
         ("<|channel|>analysis<|message|>a<|end|>final<|channel|>final<|message|>Hi<|return|>",
          [("reasoning", None, "a", True), ("final", None, "Hi", True)]),
         ("<|channel|>analysis<|message|>a<|end|>final<|return|>", [("reasoning", None, "a", True), ("final", None, "final", True)]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 from hypothesis import given, settings
@@ -44,7 +45,7 @@ def folded(events: list[Event]) -> list[Any]:
 
 def chunked(tokens: list[int], cuts: list[int]) -> list[list[int]]:
     points = sorted({c % (len(tokens) + 1) for c in cuts} | {0, len(tokens)})
-    return [tokens[a:b] for a, b in zip(points, points[1:])]
+    return [tokens[a:b] for a, b in pairwise(points)]
 
 
 @settings(max_examples=400, deadline=None)

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import pytest
@@ -68,7 +68,7 @@ class HealthWatch:
                 self.longest = max(self.longest, time.perf_counter() - started)
                 time.sleep(0.002)
 
-    def __enter__(self) -> HealthWatch:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def stream_events(server: LiveServer, body: dict[str, Any]) -> list[dict[str, An
         assert response.status_code == 200
         lines = list(response.iter_lines())
     events = []
-    for name_line, data_line in zip(lines, lines[1:]):
+    for name_line, data_line in pairwise(lines):
         if name_line.startswith("event: "):
             event = json.loads(data_line[len("data: "):])
             assert event["type"] == name_line[len("event: "):]  # the SSE event name is the payload's type

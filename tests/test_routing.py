@@ -54,8 +54,8 @@ def test_a_growing_conversation_stays_on_its_replica_and_new_ones_spread() -> No
     router.in_flight = [0] * 4
     # Every conversation keeps its replica as it grows, the load staying even.
     for turn in range(1, 4):
-        for name in prompts:
-            prompts[name] += tokens(300, 1000 * turn + name)
+        for name, prompt in prompts.items():
+            prompts[name] = prompt + tokens(300, 1000 * turn + name)
             assert send(router, prompts[name], f"resp_{name}_{turn}", finish=True) == homes[name]
 
 

@@ -8,6 +8,7 @@ session changes the prefix once: the answer after it starts from the compacted w
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 from parsers.vocab import Vocab
@@ -46,7 +47,7 @@ def harmony_continuation(vocab: Vocab, prompt: list[int], generated: list[int]) 
         return tokens
     tokens[-1] = special.end
     starts = [i for i, token in enumerate(tokens) if token == special.start] + [len(tokens)]
-    messages = [tokens[a:b] for a, b in zip(starts, starts[1:])]
+    messages = [tokens[a:b] for a, b in pairwise(starts)]
     head = tokens[: starts[0]]
     last_user = max(i for i, message in enumerate(messages) if vocab.decode(message).startswith("<|start|>user"))
     analysis = "<|start|>assistant<|channel|>analysis<|message|>"

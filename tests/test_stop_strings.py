@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +42,7 @@ def test_a_possible_start_of_a_stop_string_is_held_back_then_released() -> None:
 )
 def test_any_split_gives_what_one_piece_gives(text: str, stops: list[str], cuts: list[int]) -> None:
     points = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
-    pieces = [text[a:b] for a, b in zip(points, points[1:])]
+    pieces = [text[a:b] for a, b in pairwise(points)]
     # As text is generated character by character: the first stop string to be complete ends it.
     expected = (text, False)
     for end in range(1, len(text) + 1):

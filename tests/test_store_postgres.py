@@ -29,6 +29,7 @@ from tests.conftest import MODEL
 from tests.postgres import PostgresServer
 from tests.test_store_processes import LONG, ROOT, ServerProcess, _text
 
+
 @pytest.fixture
 def replicas(tmp_path: Path, postgres_url: str) -> Iterator[Any]:
     """replicas(n) -> n server processes on this test's database, started side by side; all are stopped at the

@@ -33,7 +33,7 @@ def example_arguments(schema: dict[str, Any] | None) -> Any:
         try:
             if jsonschema.validators.validator_for(schema)(schema).is_valid(value):
                 return value
-        except Exception:  # unresolvable or endlessly recursive $refs: keep the best attempt
+        except Exception:  # noqa: BLE001, S110  # unresolvable or endlessly recursive $refs: keep the best attempt
             pass
     return value
 

@@ -85,9 +85,9 @@ async def list_items(request: Request) -> Response:
     _include(request)
     asked = page_query(request.query_params)
     after, limit = asked.after, asked.limit
-    if after is not None and await store.conversation_item(conversation_id, after) is None:
-        if await store.load_conversation(conversation_id) is not None:
-            raise invalid_request(f"No item with id '{after}' in this conversation.", param="after")
+    if (after is not None and await store.conversation_item(conversation_id, after) is None
+            and await store.load_conversation(conversation_id) is not None):
+        raise invalid_request(f"No item with id '{after}' in this conversation.", param="after")
     items = await store.conversation_items(conversation_id, after, limit + 1, newest_first=asked.newest_first)
     if items is None:
         raise conversation_not_found(conversation_id)

@@ -113,7 +113,6 @@ class Sealer:
 def _refused(kind: str, why: str) -> None:
     logger.warning("ignored the encrypted_content of a %s item: %s; rendering the item's text, if it has any",
                    kind, why)
-    return None
 
 
 def sealer_from(secret: str | None) -> Sealer:
