@@ -58,7 +58,8 @@ def tool(name: str, schema: dict[str, Any]) -> FunctionTool:
 
 def cases() -> list[tuple[str, tuple[FunctionTool, ...], ToolChoice, ResponseFormat | None, dict[str, Any]]]:
     """(name, tools, tool_choice, response_format, the schema of the constrained JSON)."""
-    many = tuple(tool(f"tool_{i}", {**WEATHER, "properties": {**WEATHER["properties"], f"extra_{i}": {"type": "integer"}}})
+    many = tuple(tool(f"tool_{i}", {**WEATHER,
+                                    "properties": {**WEATHER["properties"], f"extra_{i}": {"type": "integer"}}})
                  for i in range(19)) + (tool("get_weather", WEATHER),)
     return [
         ("required call, 1 tool", (tool("get_weather", WEATHER),), ToolChoice("required"), None, WEATHER),
@@ -69,7 +70,9 @@ def cases() -> list[tuple[str, tuple[FunctionTool, ...], ToolChoice, ResponseFor
     ]
 
 
-def completion(vocab: Vocab, grammar: OutputGrammar, schema: dict[str, Any], call: str | None) -> tuple[list[int], list[int]]:
+def completion(
+    vocab: Vocab, grammar: OutputGrammar, schema: dict[str, Any], call: str | None,
+) -> tuple[list[int], list[int]]:
     """A completion the grammar accepts, and its JSON part's tokens."""
     body = vocab.encode(json.dumps(example_arguments(schema), separators=(",", ":")))
     head = vocab.encode_harmony(f"<|channel|>analysis<|message|>{REASONING}<|end|><|start|>assistant")

@@ -32,12 +32,12 @@ server that falls behind it finds several steps waiting, and ours sends them as 
 many tokens a frame carried on average). Use whole milliseconds: uvloop's timers and clock have a resolution of
 one, so at 0.5 ms the steps come two at a time.
 
-For each tokens-per-step K (default 1 and 10) the servers are started together and, for each concurrency C
-(default 64, 256, 1024), measured one after the other (the first to go turns with each C): one request alone (it checks the answer and gives the
-tokens per frame), then C clients (benchmarks/sse_client.py: asyncio on uvloop, one keep-alive connection per
-client, requests back to back, closed loop) stream for `--warmup` then `--duration` seconds, and all
-connections are dropped. Server CPU is utime + stime of the server's process tree (all workers) from /proc at
-the window's start and end, divided by the tokens delivered in the window (frames received times tokens per
+For each tokens-per-step K (default 1 and 10) the servers are started together and, for each concurrency C (default
+64, 256, 1024), measured one after the other (the first to go turns with each C): one request alone (it checks the
+answer and gives the tokens per frame), then C clients (benchmarks/sse_client.py: asyncio on uvloop, one keep-alive
+connection per client, requests back to back, closed loop) stream for `--warmup` then `--duration` seconds, and all
+connections are dropped. Server CPU is utime + stime of the server's process tree (all workers) from /proc at the
+window's start and end, divided by the tokens delivered in the window (frames received times tokens per
 frame from the usage chunks). Between runs the benchmark waits for the server to go idle.
 
 Columns: tok/s; us/tok, server CPU per token, and /bare, its ratio to bare's at the same K and C; TTFT p50/p99
@@ -460,7 +460,8 @@ def main() -> None:
     completion_tokens = write_script(script)
     print(f"server on CPUs {sorted(args.server_cpu)}, client on CPUs {sorted(args.client_cpu)} "
           f"(one process each); {args.warmup:g} s warm-up, "
-          f"{args.duration:g} s measured per run; engine pace {args.step_ms:g} ms per step; ours streams {completion_tokens} tokens per request "
+          f"{args.duration:g} s measured per run; engine pace {args.step_ms:g} ms per step; "
+          f"ours streams {completion_tokens} tokens per request "
           f"({ANALYSIS_TOKENS} analysis + {FINAL_TOKENS} final text), bare {BARE_TOKENS}; "
           f"logs in {logs}\nK = tokens per engine step, C = concurrent streams; us/tok = server CPU per token\n",
           flush=True)
@@ -505,7 +506,8 @@ def print_comparison(rows: list[Row], server: str = "ours", baseline: str = "ref
         print(f"\n{server} against {pairs[0][1].server}:")
     for ours, ref in pairs:
         rates = [row.result.stats.tokens() / row.result.window for row in (ours, ref)]
-        print(f"  {server} K={ours.tokens_per_step:<3} C={ours.concurrency:<5} server CPU per token {ours.cpu_per_token_us:.1f} "
+        print(f"  {server} K={ours.tokens_per_step:<3} C={ours.concurrency:<5} "
+              f"server CPU per token {ours.cpu_per_token_us:.1f} "
               f"us vs {ref.cpu_per_token_us:.1f} us ({ours.cpu_per_token_us / ref.cpu_per_token_us:.2f}x); "
               f"tokens/s {rates[0]:.0f} vs {rates[1]:.0f}")
 

@@ -136,10 +136,12 @@ def main() -> None:
 
     print("4. per-token cost as one message grows (per-token loop only):")
     for length in (100, 1_000, 10_000):
-        tokens = vocab.encode_harmony("<|channel|>final<|message|>") + word * length + vocab.encode_harmony("<|return|>")
+        tokens = (vocab.encode_harmony("<|channel|>final<|message|>") + word * length
+                  + vocab.encode_harmony("<|return|>"))
         ours = per_token_us(vocab, "ours", feed_ours, [tokens], 5, False)
         harmony = per_token_us(vocab, "harmony", feed_harmony_current_content, [tokens], 3, False)
-        print(f"  {length:6d}-token message: ours {ours:6.3f} us/token   harmony + current_content {harmony:7.3f} us/token")
+        print(f"  {length:6d}-token message: ours {ours:6.3f} us/token   "
+              f"harmony + current_content {harmony:7.3f} us/token")
 
 
 if __name__ == "__main__":

@@ -205,7 +205,8 @@ def main() -> None:
     parser.add_argument("--user-words", type=int, default=800, help="what each turn adds before the answer")
     parser.add_argument("--answer-words", type=int, default=60)
     parser.add_argument("--cache-blocks", type=int, default=15000,
-                        help="blocks of 16 tokens each replica's prefix cache holds (default: its share of the workload)")
+                        help="blocks of 16 tokens each replica's prefix cache holds "
+                             "(default: its share of the workload)")
     parser.add_argument("--prefill-us", type=float, default=10.0, help="prefill time per uncached prompt token")
     parser.add_argument("--stagger", type=float, default=2.0, help="conversations start within this many seconds")
     parser.add_argument("--think", type=float, default=0.3, help="pause between a conversation's turns, at most")

@@ -10,11 +10,11 @@ window are its frames times the tokens per frame of the streams of the run that 
 alone, when none did). Frames read in
 one `data_received` share one timestamp, so a gap of 0 means they arrived together.
 
-One request is sent alone first (it checks the answer; its usage is the fallback for tokens per frame); then the C clients start
-and, after `warmup` seconds, the window opens for `duration` seconds; then every connection is aborted. Frames,
-gaps, completions, 429s (rejected; the client pauses `retry_pause` and sends again) and errors are counted in
-the window; TTFT is every first text frame from the start of the warm-up to the window's end, since with many
-streams the first wave is what shows whether the server admits requests fairly.
+One request is sent alone first (it checks the answer; its usage is the fallback for tokens per frame); then the C
+clients start and, after `warmup` seconds, the window opens for `duration` seconds; then every connection is
+aborted. Frames, gaps, completions, 429s (rejected; the client pauses `retry_pause` and sends again) and errors are
+counted in the window; TTFT is every first text frame from the start of the warm-up to the window's end, since with
+many streams the first wave is what shows whether the server admits requests fairly.
 """
 
 from __future__ import annotations

@@ -185,7 +185,8 @@ class Renderer:
         if key not in self._systems:
             content = system_content(effort, key[2])
             self._systems[key] = tuple(self._vocab.encoding.render(
-                Message.from_role_and_content(Role.SYSTEM, content), RenderOptions(conversation_has_function_tools=with_tools)
+                Message.from_role_and_content(Role.SYSTEM, content),
+                RenderOptions(conversation_has_function_tools=with_tools)
             ))
         return self._systems[key]
 
@@ -281,7 +282,8 @@ class Renderer:
         if call.content_type == "json":
             header += [*encode(f"{call.channel} to={call.recipient} "), self._constrain, *encode("json")]
         else:
-            header += encode(f"{call.channel} to={call.recipient}" + (f" {call.content_type}" if call.content_type else ""))
+            header += encode(f"{call.channel} to={call.recipient}"
+                             + (f" {call.content_type}" if call.content_type else ""))
         return [*header, self._message, *self._encode(call.arguments), self._call]
 
     def _encode(self, text: str) -> list[int]:

@@ -10,8 +10,9 @@ a special token or header text into an item's text. It recovers from what gpt-os
 - `<|start|>` or `<|channel|>` inside a message body: an implicit end of that message;
 - text with no header at all: final content;
 - a message closed (`<|end|>`, `<|return|>`, `<|call|>`) before its `<|message|>` came (missing, or a stray token
-  in its place): the recognisable header, the rest its text (unless punctuation alone); a header that outgrows MAX_HEADER_BYTES is read the
-  same way, and its message goes on. A header a new `<|start|>` interrupts was abandoned: dropped;
+  in its place): the recognisable header, the rest its text (unless punctuation alone); a header that outgrows
+  MAX_HEADER_BYTES is read the same way, and its message goes on. A header a new `<|start|>` interrupts was
+  abandoned: dropped;
 - a bare channel name right before `<|channel|>`: header debris, dropped;
 - a malformed header, or one addressed to a namespace other than `functions` (`browser.search`, `python`):
   that message is skipped whole, the rest is kept; unless the namespace is one the parser was given (tools the

@@ -131,7 +131,8 @@ def write_access_line(record: RequestRecord, model: str) -> None:
     if not access_logger.isEnabledFor(level):
         return
     fields = access_fields(record, model)
-    detail = " ".join(f"{key}={_text(value)}" for key, value in fields.items() if key not in ("method", "path", "status"))
+    detail = " ".join(f"{key}={_text(value)}" for key, value in fields.items()
+                      if key not in ("method", "path", "status"))
     access_logger.log(level, "%s %s %d", record.method, record.path, record.status,
                       extra={"fields": fields, "detail": detail, "request_id": record.request_id})
 

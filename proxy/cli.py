@@ -124,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default: trtllm when TensorRT-LLM is installed, else mock (upstream with --upstream-url)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--served-model-name", help=f"the model name clients send (default: the model, or {DEFAULT_MODEL})")
+    serve.add_argument("--served-model-name",
+                       help=f"the model name clients send (default: the model, or {DEFAULT_MODEL})")
     serve.add_argument("--reasoning-field", choices=REASONING_FIELDS, default=ServerConfig.reasoning_field)
     serve.add_argument("--default-reasoning-effort", choices=EFFORTS, default=ServerConfig.default_reasoning_effort)
     serve.add_argument("--max-model-len", type=int,

@@ -38,7 +38,8 @@ def response_format(kind: str, json_schema: dict[str, Any] | None, param: str) -
         raise invalid_request("A json_schema format needs a `name` and a `schema`.", param=param)
     schema, strict = json_schema["schema"], json_schema.get("strict") is True
     if json_depth(schema) > MAX_SCHEMA_DEPTH:
-        raise invalid_request(f"The schema is nested more than {MAX_SCHEMA_DEPTH} levels deep.", param=f"{param}.schema")
+        raise invalid_request(f"The schema is nested more than {MAX_SCHEMA_DEPTH} levels deep.",
+                              param=f"{param}.schema")
     problem = schema_error(schema)
     if problem is None:
         problem = enforceability_error(schema, strict)

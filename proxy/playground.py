@@ -23,7 +23,8 @@ _INLINE = {kind: re.compile(f"<{kind}>(.*?)</{kind}>", re.DOTALL) for kind in ("
 @cache  # the file is read once per process; the tuple is never changed
 def _page() -> tuple[bytes, dict[str, str]]:
     html = files("proxy").joinpath("playground.html").read_text(encoding="utf-8")
-    hashes = {kind: " ".join(_source_hash(block) for block in pattern.findall(html)) for kind, pattern in _INLINE.items()}
+    hashes = {kind: " ".join(_source_hash(block) for block in pattern.findall(html))
+              for kind, pattern in _INLINE.items()}
     policy = (
         f"default-src 'none'; script-src {hashes['script']}; style-src {hashes['style']}; connect-src 'self'; "
         "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"

@@ -86,7 +86,8 @@ def decode_json_object(body: bytes, yielding: bool = False) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise invalid_request("The request body must be a JSON object.", code="invalid_json")
     if json_depth(data) > MAX_JSON_DEPTH:
-        raise invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.", code="invalid_json")
+        raise invalid_request(f"The request body is nested more than {MAX_JSON_DEPTH} levels deep.",
+                              code="invalid_json")
     if malformed or "\\ud" in text or "\\uD" in text:
         where = _not_unicode(data)
         if where is not None:
@@ -162,7 +163,8 @@ def check_tool_types(tools: Any, catalog: ToolCatalog, accepted: frozenset[str] 
         if kind not in accepted:
             reason = (refused or {}).get(kind) if isinstance(kind, str) else None
             raise invalid_request(
-                f"Tool type {kind!r} is not supported: {reason or 'declare ' + ', '.join(sorted(accepted)) + ' tools'}.",
+                f"Tool type {kind!r} is not supported: "
+                f"{reason or 'declare ' + ', '.join(sorted(accepted)) + ' tools'}.",
                 param=f"tools[{position}].type",
                 code="invalid_value",
             )

@@ -4,8 +4,9 @@ TypeScript declarations.
 Agent frameworks resend the same tools every turn. The catalog checks a declaration (its name, and its schema
 against the JSON Schema meta-schema) the first time it sees it and keeps the checked `FunctionTool`, keyed by the
 declaration's canonical JSON; `ToolDeclarations` keeps each tool's declaration text by the same key, and the
-renderer keys the tokens of a whole tools section by the tuple of those keys. The maps are bounded, so a client sending endless new tools only evicts older entries; the per-request bounds (number of tools,
-total size of their JSON) cap the work one request can ask for.
+renderer keys the tokens of a whole tools section by the tuple of those keys. The maps are bounded, so a client
+sending endless new tools only evicts older entries; the per-request bounds (number of tools, total size of their
+JSON) cap the work one request can ask for.
 """
 
 from __future__ import annotations

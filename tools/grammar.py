@@ -119,7 +119,8 @@ def _plan(tools: Sequence[FunctionTool], choice: ToolChoice, response_format: Re
         callable_tools = [tool for tool in callable_tools
                           if tool.name == choice.name and (tool.freeform is not None) == custom]
     forced = choice.forces_call and bool(callable_tools)
-    strict = [tool for tool in callable_tools if tool.strict or (tool.freeform is not None and tool.freeform.constrained)]
+    strict = [tool for tool in callable_tools
+              if tool.strict or (tool.freeform is not None and tool.freeform.constrained)]
     if not forced and response_format is None and not strict:
         return None
     calls = tuple(

@@ -40,7 +40,8 @@ _I64_MIN, _U64_MAX = -(2**63), 2**64 - 1
 
 def tools_section(declarations: Sequence[str]) -> str:
     """`# Tools` with the `functions` namespace holding these declarations (each from `declaration`)."""
-    return "# Tools\n\n## functions\n\nnamespace functions {\n\n" + "\n".join(declarations) + "\n} // namespace functions"
+    return ("# Tools\n\n## functions\n\nnamespace functions {\n\n" + "\n".join(declarations)
+            + "\n} // namespace functions")
 
 
 def namespace_section(name: str, description: str | None, declarations: Sequence[str]) -> str:
@@ -336,7 +337,8 @@ class _Converter:
             return literals
         kind = schema.get("type")
         if isinstance(kind, list) and any(isinstance(name, str) for name in kind):
-            return [self.single_type(schema, name, indent, depth, in_list=True) for name in kind if isinstance(name, str)]
+            return [self.single_type(schema, name, indent, depth, in_list=True)
+                    for name in kind if isinstance(name, str)]
         return None
 
     def object_type(self, schema: dict[str, Any], indent: str, depth: int) -> str:
@@ -349,7 +351,8 @@ class _Converter:
         out += "{\n"
         if isinstance(properties, dict):
             required = schema.get("required")
-            required_names = {name for name in required if isinstance(name, str)} if isinstance(required, list) else set()
+            required_names = ({name for name in required if isinstance(name, str)} if isinstance(required, list)
+                              else set())
             for key, value in properties.items():
                 out += self.property(key, value, key in required_names, indent, depth)
         return f"{out}{indent}}}"
@@ -422,7 +425,8 @@ def _shape_known(schema: dict[str, Any]) -> bool:
 
 
 def _is_null(schema: Any) -> bool:
-    return isinstance(schema, dict) and schema.get("type") == "null" and len(schema.keys() - {"title", "description"}) == 1
+    return (isinstance(schema, dict) and schema.get("type") == "null"
+            and len(schema.keys() - {"title", "description"}) == 1)
 
 
 def _literals(schema: dict[str, Any]) -> list[str] | None:

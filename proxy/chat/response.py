@@ -2,7 +2,8 @@
 
 Mapping: reasoning → the reasoning field (or both fields, the same text in each); final answers and
 commentary preambles → `content` (separate messages joined by a blank line); tool calls → `tool_calls`, each
-announced once with its id, type and name, then argument fragments. With `parallel_tool_calls: false` only the first call is kept.
+announced once with its id, type and name, then argument fragments. With `parallel_tool_calls: false` only the
+first call is kept.
 
 The token path is hot, so a text delta is a plain `(key, text)` tuple (key: `content`, the reasoning field, or a
 tool call's index), the texts of one engine step that go to the same place are sent as one delta, and

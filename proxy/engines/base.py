@@ -2,10 +2,10 @@
 
 `Engine.generate(request)` returns an async iterator of `Step`s. Each step carries the newly generated token
 ids (one or many: engines with a stream interval send several at once, and an engine that ran ahead of its
-consumer hands on everything that waited as one step, so a busy server sends one frame where it would have
-sent many), including the stop token that ended generation, because the Harmony parser needs to see `<|call|>`. The last step carries the finish reason and
-the token counts. Closing the iterator early (`aclose()`, or cancelling the task that iterates it) cancels
-the request: the engine must stop its work and free its slot at once.
+consumer hands on everything that waited as one step, so a busy server sends one frame where it would have sent
+many), including the stop token that ended generation, because the Harmony parser needs to see `<|call|>`. The last
+step carries the finish reason and the token counts. Closing the iterator early (`aclose()`, or cancelling the task
+that iterates it) cancels the request: the engine must stop its work and free its slot at once.
 
 Engines report failures by raising `EngineError`; before the first step that becomes an HTTP error, after it
 an error event or a failed response.
@@ -104,7 +104,8 @@ class EngineError(Exception):
     """A request the engine could not serve. `status` is the HTTP status it should become; `retry_after`
     (seconds) tells the client when to try again (429, 503)."""
 
-    def __init__(self, message: str, status: int = 500, code: str | None = None, retry_after: int | None = None) -> None:
+    def __init__(self, message: str, status: int = 500, code: str | None = None,
+                 retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status

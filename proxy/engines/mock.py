@@ -181,7 +181,8 @@ class MockModel:
         if answer_format is not None:
             text = json.dumps(_json_answer(answer_format, text), ensure_ascii=False)
         harmony = self._vocab.encode_harmony
-        return harmony("<|start|>assistant<|channel|>final<|message|>") + self._vocab.encode(text) + harmony("<|return|>")
+        return (harmony("<|start|>assistant<|channel|>final<|message|>") + self._vocab.encode(text)
+                + harmony("<|return|>"))
 
     def _messages(self, prompt: list[int]) -> list[tuple[str, str]]:
         """(header, body) of each complete message in the prompt, read at the token level."""

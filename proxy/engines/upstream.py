@@ -279,7 +279,8 @@ def _json(payload: str, url: str) -> dict[str, Any]:
     except json.JSONDecodeError:
         chunk = None
     if not isinstance(chunk, dict):
-        raise EngineError(f"The upstream {_public(url)} sent a chunk that is not JSON.", status=502, code="upstream_error")
+        raise EngineError(f"The upstream {_public(url)} sent a chunk that is not JSON.", status=502,
+                          code="upstream_error")
     return chunk
 
 

@@ -105,8 +105,10 @@ class HostedTools:
         return CallTarget(MCP, target.recipient, target.channel, name, target.server, tool=target.tool)
 
 
-async def resolve(request: HostedRequest, allow: McpAllowList, tool_servers: ToolServers, cache: ToolListCache,
-                  sessions: McpSessions, earlier_items: Iterable[dict[str, Any]], include: Iterable[str]) -> HostedTools:
+async def resolve(
+    request: HostedRequest, allow: McpAllowList, tool_servers: ToolServers, cache: ToolListCache,
+    sessions: McpSessions, earlier_items: Iterable[dict[str, Any]], include: Iterable[str],
+) -> HostedTools:
     """Check and list the request's server-side tools (400 and 424 as the module says)."""
     urls = [_allowed(allow, server) for server in request.mcp]
     hosted = HostedTools(container_id=request.container_id,

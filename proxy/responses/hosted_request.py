@@ -25,7 +25,8 @@ from proxy.validation import check, compile_schema
 
 logger = logging.getLogger("harmony_proxy")
 
-BROWSER_TYPES = frozenset({"web_search_preview", "web_search_preview_2025_03_11", "web_search", "web_search_2025_08_26"})
+BROWSER_TYPES = frozenset({"web_search_preview", "web_search_preview_2025_03_11", "web_search",
+                           "web_search_2025_08_26"})
 PYTHON_TYPES = frozenset({"code_interpreter"})
 SERVER_TOOL_TYPES = BROWSER_TYPES | PYTHON_TYPES | {"mcp"}
 MAX_MCP_SERVERS = 16

@@ -50,8 +50,8 @@ from tools.definitions import (
 _REQUEST = compile_schema(RESPONSES_REQUEST)
 _ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
 _ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_",
-              "additional_tools": "at_", "compaction": "cmp_", "compaction_trigger": "cmpt_", "custom_tool_call": "ctc_",
-              "custom_tool_call_output": "ctco_", **ID_PREFIXES}
+              "additional_tools": "at_", "compaction": "cmp_", "compaction_trigger": "cmpt_",
+              "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", **ID_PREFIXES}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 # What the model reads in place of an image a tool returned.
 IMAGE_NOTE = "[The tool returned an image here. This model reads text only, so the image is not shown.]"

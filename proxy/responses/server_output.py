@@ -11,9 +11,10 @@ The fold (`proxy/responses/output.py`) calls these at each point of an item's li
 - `mcp_approval_request`: `output_item.added` and `.done` once its arguments are complete; the response ends there;
 - `web_search_call`: once the model's call is complete, `output_item.added`, `web_search_call.in_progress`,
   `.searching`, and after the search `.completed` and `output_item.done`;
-- `code_interpreter_call`: `output_item.added`, `code_interpreter_call.in_progress`, `code_interpreter_call_code.delta`s,
-  `.done`, `code_interpreter_call.interpreting`, and after the run `.completed` and `output_item.done` (with the
-  output as logs when the request includes `code_interpreter_call.outputs`).
+- `code_interpreter_call`: `output_item.added`, `code_interpreter_call.in_progress`,
+  `code_interpreter_call_code.delta`s, `.done`, `code_interpreter_call.interpreting`, and after the run
+  `.completed` and `output_item.done` (with the output as logs when the request includes
+  `code_interpreter_call.outputs`).
 
 Approval requests and web searches are placed in the output only once the model's call is complete: one cut off
 mid-way never ran and could not be approved. The others, cut off, end `incomplete`.
@@ -138,7 +139,8 @@ def finished(item: Item, output: ToolOutput, include_outputs: bool) -> list[Payl
     item.body["status"] = "failed" if output.failed else "completed"
     if kind == MCP:
         if output.failed:
-            item.body["error"] = {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": output.text}]}
+            item.body["error"] = {"type": "mcp_tool_execution_error",
+                                  "content": [{"type": "text", "text": output.text}]}
         else:
             item.body["output"] = output.text
         name = "response.mcp_call.failed" if output.failed else "response.mcp_call.completed"

@@ -106,7 +106,8 @@ async def streamable_http(url: str, headers: ServerHeaders, limits: McpLimits, f
     timeout = httpx2.Timeout(limits.connect_timeout, read=_STREAM_READ_TIMEOUT)
     http = httpx2.AsyncClient(headers=headers.values(), timeout=timeout,
                               event_hooks={"request": allowed.hooks(), "response": [first]})
-    async with http, streamable_http_client(url, http_client=http, max_sse_event_size=limits.max_event_bytes) as streams:
+    async with http, streamable_http_client(url, http_client=http,
+                                            max_sse_event_size=limits.max_event_bytes) as streams:
         yield streams
 
 
