@@ -34,7 +34,8 @@ Cite information from the tool using the following format:
 Do not quote more than 10 words directly from the tool output.
 sources=web"""
 PAGES = {
-    "https://weather.example/paris": ("Paris forecast", "Paris: sunny, 21C.\nWind light from the west.\nRain on Sunday."),
+    "https://weather.example/paris": ("Paris forecast",
+                                      "Paris: sunny, 21C.\nWind light from the west.\nRain on Sunday."),
     "https://weather.example/rome": ("Rome forecast", "Rome: cloudy, 25C.\nThunderstorms possible in the evening."),
 }
 CANNED_PYTHON = {"print(6 * 7)": "42\n"}

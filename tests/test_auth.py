@@ -18,7 +18,8 @@ KEY = "sk-local-0123"
                                            f"Bearer  {KEY}"])
 def test_the_bearer_scheme_is_case_insensitive(serve: Callable[..., LiveServer], authorization: str) -> None:
     server = serve(completions=[ANSWER], api_key=KEY)
-    response = httpx.post(server.base_url + "/v1/chat/completions", timeout=30, headers={"authorization": authorization},
+    response = httpx.post(server.base_url + "/v1/chat/completions", timeout=30,
+                          headers={"authorization": authorization},
                           json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 200, response.text
 

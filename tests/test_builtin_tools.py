@@ -24,8 +24,8 @@ SEARCH = ('<|channel|>analysis<|message|>Search first.<|end|><|start|>assistant<
           '<|constrain|>json<|message|>{"query":"weather paris"}<|call|>')
 OPEN = '<|channel|>analysis to=browser.open code<|message|>{"id":"https://weather.example/paris"}<|call|>'
 FIND = '<|channel|>analysis to=browser.find<|message|>{"pattern":"Rain"}<|call|>'
-PYTHON = "<|channel|>analysis<|message|>Compute.<|end|><|start|>assistant<|channel|>analysis to=python code<|message|>" \
-         "print(6 * 7)<|call|>"
+PYTHON = ("<|channel|>analysis<|message|>Compute.<|end|><|start|>assistant<|channel|>analysis to=python code"
+          "<|message|>print(6 * 7)<|call|>")
 
 
 def test_web_search_runs_gpt_oss_browser_through_the_tool_server(serve: Callable[..., LiveServer], vocab: Any,

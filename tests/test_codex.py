@@ -83,7 +83,8 @@ default_tools_approval_mode = "approve"  # `codex exec` asks no one: without it 
         """`codex exec --json ARGS`: the JSON events it printed."""
         done = subprocess.run(
             [str(self.binary), "exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write", *args],
-            check=False, cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=45)
+            check=False, cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            timeout=45)
         events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
         assert events, f"no events from codex (exit {done.returncode}): {done.stderr[-3000:]}"
         return events
@@ -239,7 +240,8 @@ def test_freeform_apply_patch_from_the_mock_under_the_grammar(
     assert "apply_patch" in first and "FREEFORM" in first  # declared as a raw-text tool
     # The call went back as generated: the patch without the note, then Codex's report of applying it.
     assert ("to=functions.apply_patch<|message|>*** Begin Patch\n*** Add File: hello.txt\n+hello from the patch\n"
-            "*** End Patch\n<|call|><|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>") in second
+            "*** End Patch\n<|call|><|start|>functions.apply_patch to=assistant<|channel|>commentary<|message|>"
+            ) in second
     assert "Success. Updated the following files:\nA hello.txt" in second
 
 

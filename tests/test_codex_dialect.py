@@ -308,7 +308,8 @@ def test_upstreams_get_the_grammar_in_their_dialect_and_say_what_it_leaves_free(
     {"input": "Hi", "tools": [{"type": "custom", "name": "p"}], "tool_choice": {"type": "function", "name": "p"}},
     {"input": [{"type": "custom_tool_call_output", "call_id": "call_9", "output": "x"}]},
     {"input": [{"role": "user", "content": "Hi"}, {**VIEW_CALL, "namespace": "a.b"}]},
-    {"input": [{"role": "user", "content": "Hi"}, {"type": "custom_tool_call", "call_id": "c", "name": "p", "input": 3}]},
+    {"input": [{"role": "user", "content": "Hi"},
+               {"type": "custom_tool_call", "call_id": "c", "name": "p", "input": 3}]},
 ])
 def test_malformed_dialect_requests_are_400s(serve: Callable[..., LiveServer], body: dict[str, Any]) -> None:
     response = post(serve(completions=[ANSWER]), body)

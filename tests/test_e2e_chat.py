@@ -170,7 +170,8 @@ def test_mock_engine_honours_tool_choice(serve: Callable[..., LiveServer]) -> No
     required = client.chat.completions.create(model=MODEL, messages=ask, tools=[WEATHER, TIME], tool_choice="required")
     assert required.choices[0].message.tool_calls[0].function.name == "get_weather"
     named = client.chat.completions.create(
-        model=MODEL, messages=ask, tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}}
+        model=MODEL, messages=ask, tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
     )
     assert named.choices[0].message.tool_calls[0].function.name == "get_time"
     mention = [{"role": "user", "content": "call get_time now"}]
@@ -183,14 +184,16 @@ def test_mock_engine_reads_reasoning_effort_from_the_prompt(serve: Callable[...,
     ask = [{"role": "user", "content": "hi"}]
     default = client.chat.completions.create(model=MODEL, messages=ask)
     assert "reasoning effort low" in extra(default.choices[0].message, "reasoning")
-    high = client.chat.completions.create(model=MODEL, messages=ask, extra_body={"chat_template_args": {"reasoning_effort": "high"}})
+    high = client.chat.completions.create(model=MODEL, messages=ask,
+                                          extra_body={"chat_template_args": {"reasoning_effort": "high"}})
     assert "reasoning effort high" in extra(high.choices[0].message, "reasoning")
 
 
 def test_reasoning_field_option(serve: Callable[..., LiveServer]) -> None:
     server = serve(completions=[ANSWER], reasoning_field="reasoning_content")
     client = client_for(server)
-    message = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}]).choices[0].message
+    message = client.chat.completions.create(model=MODEL,
+                                             messages=[{"role": "user", "content": "q"}]).choices[0].message
     assert extra(message, "reasoning_content") == "Easy." and "reasoning" not in (message.model_extra or {})
     chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], stream=True))
     fields = {key for c in chunks for choice in c.choices for key in (choice.delta.model_extra or {})}
@@ -213,7 +216,8 @@ def test_both_reasoning_fields_carry_the_same_text(serve: Callable[..., LiveServ
 
 
 def test_stop_strings_keep_the_text_before_them(serve: Callable[..., LiveServer]) -> None:
-    text = "<|channel|>analysis<|message|>Say END here.<|end|><|start|>assistant<|channel|>final<|message|>one two END three<|return|>"
+    text = ("<|channel|>analysis<|message|>Say END here.<|end|><|start|>assistant<|channel|>final<|message|>"
+            "one two END three<|return|>")
     server = serve(completions=[text])
     client = client_for(server)
     ask = [{"role": "user", "content": "count"}]
@@ -228,7 +232,8 @@ def test_max_tokens_cuts_with_length(serve: Callable[..., LiveServer], vocab: An
     server = serve(completions=[ANSWER])
     client = client_for(server)
     for limit in ("max_tokens", "max_completion_tokens"):
-        completion = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], **{limit: 5})
+        completion = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}],
+                                                    **{limit: 5})
         assert completion.choices[0].finish_reason == "length"
         assert completion.usage.completion_tokens == 5
         assert "<|" not in (completion.choices[0].message.content or "")
@@ -243,7 +248,8 @@ def test_parallel_tool_calls_false_keeps_only_the_first_call(serve: Callable[...
     client = client_for(server)
     ask = [{"role": "user", "content": "q"}]
     both = client.chat.completions.create(model=MODEL, messages=ask, tools=[WEATHER, TIME])
-    assert [(c.function.name, c.id != "") for c in both.choices[0].message.tool_calls] == [("get_weather", True), ("get_time", True)]
+    assert [(c.function.name, c.id != "") for c in both.choices[0].message.tool_calls] == [
+        ("get_weather", True), ("get_time", True)]
     assert len({c.id for c in both.choices[0].message.tool_calls}) == 2
     one = client.chat.completions.create(model=MODEL, messages=ask, tools=[WEATHER, TIME], parallel_tool_calls=False)
     assert [c.function.name for c in one.choices[0].message.tool_calls] == ["get_weather"]

@@ -100,7 +100,9 @@ async def collect(steps: AsyncGenerator[Step, None]) -> list[Step]:
     return [step async for step in steps]
 
 
-def start_host_process(folder: Path, socket_path: Path, stderr: int | None = None, **llm: Any) -> subprocess.Popen[bytes]:
+def start_host_process(
+    folder: Path, socket_path: Path, stderr: int | None = None, **llm: Any,
+) -> subprocess.Popen[bytes]:
     arguments = json.dumps({"model": str(folder), **llm})
     return subprocess.Popen([sys.executable, "-c", HOST, arguments, str(socket_path)], env=CHILD_ENV, stderr=stderr)
 
@@ -162,8 +164,10 @@ def test_a_remote_engine_streams_what_the_engine_streams_in_process(
     from proxy.engines.trtllm import TrtllmEngine
 
     folder = model_folder(tmp_path, [ANSWER, CALL])
-    weather = FunctionTool("get_weather", "The weather.", {"type": "object", "properties": {"city": {"type": "string"}}})
-    constraint = OutputConstraint((weather,), ToolChoice("function", "get_weather"), ResponseFormat("a", {"type": "object"}))
+    weather = FunctionTool("get_weather", "The weather.",
+                           {"type": "object", "properties": {"city": {"type": "string"}}})
+    constraint = OutputConstraint((weather,), ToolChoice("function", "get_weather"),
+                                  ResponseFormat("a", {"type": "object"}))
     requests = [
         GenerationRequest("a", list(range(1, 71)), SamplingParams(300, 0.5, 0.8, 7, STOPS, min_tokens=2), constraint),
         GenerationRequest("b", list(range(1, 80)), SamplingParams(300, stop_token_ids=STOPS)),  # 64 cached tokens

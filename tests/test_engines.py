@@ -87,7 +87,8 @@ def test_every_generation_field_reaches_the_engine(serve: Callable[..., LiveServ
         "model": MODEL,
         "messages": [{"role": "user", "content": "q"}],
         "max_completion_tokens": 77, "temperature": 0.3, "top_p": 0.9, "seed": 42, "min_tokens": 2,
-        "ignore_eos": True, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "ignore_eos": True, "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
     }
     assert httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
     request = engine.requests[-1]

@@ -62,8 +62,8 @@ def generated(vocab: Vocab, completion: str) -> list[int]:
 
 def rejected_at(matchers: GrammarMatchers, grammar: OutputGrammar | None, tokens: list[int]) -> int | None:
     """Where the grammar first refuses the completion (a token index; len(tokens) if the grammar is left
-    unfinished), None if it accepts the whole completion. `<|return|>` is the tokenizer's EOS: allowed where the grammar is
-    complete."""
+    unfinished), None if it accepts the whole completion. `<|return|>` is the tokenizer's EOS: allowed where the
+    grammar is complete."""
     assert grammar is not None
     matcher = matchers.matcher(grammar)
     eos = matchers.vocab.special.return_
@@ -103,7 +103,8 @@ def test_recorded_completions_that_satisfy_a_constraint_are_accepted(
                         output_grammar([TIME, tool], ToolChoice("function", call["name"]), None),
                         output_grammar([tool], ToolChoice("auto"), None)]
         else:
-            grammars = [output_grammar([FunctionTool("get_weather", "", WEATHER_SCHEMA, True)], ToolChoice("auto"), None)]
+            grammars = [output_grammar([FunctionTool("get_weather", "", WEATHER_SCHEMA, True)], ToolChoice("auto"),
+                                       None)]
             if (expected["content"] or "").startswith("{"):
                 grammars.append(output_grammar([], ToolChoice("auto"), ResponseFormat(
                     "json_object", {"type": "object"}, kind="json_object")))
@@ -117,7 +118,8 @@ def test_recorded_completions_that_satisfy_a_constraint_are_accepted(
     assert checked >= 40
 
 
-PROSE = "<|channel|>analysis<|message|>Sunny, surely.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.<|return|>"
+PROSE = ("<|channel|>analysis<|message|>Sunny, surely.<|end|><|start|>assistant<|channel|>final<|message|>"
+         "Sunny.<|return|>")
 
 
 def call(name: str, arguments: str, analysis: str = "Need the tool.") -> str:
@@ -127,7 +129,8 @@ def call(name: str, arguments: str, analysis: str = "Need the tool.") -> str:
 
 def final(body: str, preamble: str = "") -> str:
     head = f"<|channel|>commentary<|message|>{preamble}<|end|><|start|>assistant" if preamble else ""
-    return f"{head}<|channel|>analysis<|message|>Plan.<|end|><|start|>assistant<|channel|>final<|message|>{body}<|return|>"
+    return (f"{head}<|channel|>analysis<|message|>Plan.<|end|><|start|>assistant<|channel|>final<|message|>"
+            f"{body}<|return|>")
 
 
 @pytest.mark.parametrize(("completion", "where"), [
@@ -165,7 +168,8 @@ def test_a_json_schema_final_rejects_violations(vocab: Vocab, matchers: GrammarM
 
 def test_a_json_schema_final_accepts_json_and_leaves_analysis_free(vocab: Vocab, matchers: GrammarMatchers) -> None:
     grammar = output_grammar([], ToolChoice("auto"), ANSWER)
-    for body in ('{"issues":[],"count":0}', '{"issues": ["a", "b"], "count": 2}', '{\n  "issues": [],\n  "count": 0\n}'):
+    for body in ('{"issues":[],"count":0}', '{"issues": ["a", "b"], "count": 2}',
+                 '{\n  "issues": [],\n  "count": 0\n}'):
         assert rejected_at(matchers, grammar, generated(vocab, final(body))) is None, body
     wild = vocab.encode("Anything: {not json} <|end|> spelled out as text, ünïcode.\n")  # the model's own text
     tokens = (vocab.encode_harmony("<|channel|>analysis<|message|>") + wild + [vocab.special.end]
@@ -189,7 +193,8 @@ def test_strict_tools_under_auto(vocab: Vocab, matchers: GrammarMatchers) -> Non
                 final("Plain words, no call."), final("Words.", preamble="Checking.")]
     for completion in accepted:
         assert rejected_at(matchers, grammar, generated(vocab, completion)) is None, completion
-    for completion in (call("get_weather", '{"city":1}'), call("get_weather", '{}'), call("x", "{}").replace("functions.x", "python")):
+    for completion in (call("get_weather", '{"city":1}'), call("get_weather", '{}'),
+                       call("x", "{}").replace("functions.x", "python")):
         assert rejected_at(matchers, grammar, generated(vocab, completion)) is not None, completion
 
 
@@ -236,7 +241,8 @@ def test_all_harmony_specials_stay_out_of_free_text(vocab: Vocab, matchers: Gram
     matcher = matchers.matcher(grammar)
     assert matcher.try_consume_tokens(vocab.encode_harmony("<|channel|>analysis<|message|>Text")) == 4
     mask = matcher.compute_bitmask()
-    allowed = {token for token in range(vocab.text_token_count, vocab.vocab_size) if mask[token >> 3] >> (token & 7) & 1}
+    allowed = {token for token in range(vocab.text_token_count, vocab.vocab_size)
+               if mask[token >> 3] >> (token & 7) & 1}
     assert allowed == {vocab.special.end}
 
 

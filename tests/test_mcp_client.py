@@ -75,7 +75,8 @@ def test_sse_is_used_for_an_sse_url(weather_sse: Running) -> None:
     async def scenario():
         async with McpSessions(LIMITS) as sessions:
             session = await sessions.get(weather_sse.url)
-            return session.transport, await session.list_tools(), await session.call_tool("get_forecast", {"city": "Oslo"})
+            return (session.transport, await session.list_tools(),
+                    await session.call_tool("get_forecast", {"city": "Oslo"}))
 
     transport, listed, called = run(scenario())
     assert weather_sse.url.endswith("/sse") and transport == SSE
@@ -128,7 +129,8 @@ def test_output_past_the_limit_is_cut_with_a_marker(trouble: Running) -> None:
     async def scenario():
         async with McpSessions(McpLimits(max_output_chars=1000)) as sessions:
             session = await sessions.get(trouble.url)
-            return await session.call_tool("large", {"chars": 50_000}), await session.call_tool("large", {"chars": 1000})
+            return (await session.call_tool("large", {"chars": 50_000}),
+                    await session.call_tool("large", {"chars": 1000}))
 
     cut, whole = run(scenario())
     assert cut.truncated and not cut.failed

@@ -128,7 +128,8 @@ def test_the_sdk_gets_an_mcp_call_run_within_one_response(
     assert [tool.name for tool in listing.tools] == ["get_forecast", "echo_authorization"]
     assert listing.tools[0].input_schema["required"] == ["city"]
     assert (ran.server_label, ran.name, ran.arguments) == ("weather", "get_forecast", '{"city":"Paris"}')
-    assert (ran.status, ran.output, ran.error, ran.approval_request_id) == ("completed", "Paris: sunny, 21C", None, None)
+    assert (ran.status, ran.output, ran.error, ran.approval_request_id) == (
+        "completed", "Paris: sunny, 21C", None, None)
     assert ran.id.startswith("mcp_") and listing.id.startswith("mcpl_")
     assert response.output_text == "It is sunny." and response.status == "completed"
     # The second prompt is the first, the model's tokens as generated, the result, and <|start|>assistant.
@@ -139,13 +140,15 @@ def test_the_sdk_gets_an_mcp_call_run_within_one_response(
         "<|start|>weather.get_forecast to=assistant<|channel|>commentary<|message|>Paris: sunny, 21C<|end|>"
         "<|start|>assistant")
     declared = vocab.decode(first)
-    assert "## weather\n\n// Weather forecasts for cities.\nnamespace weather {" in declared  # the server's instructions
+    # the server's instructions
+    assert "## weather\n\n// Weather forecasts for cities.\nnamespace weather {" in declared
     assert "type get_forecast = (_: {\ncity: string,\ndays?: number | null,\n}) => any;" in declared
     assert "Calls to these tools must go to the commentary channel: 'functions'." in declared
     usage = response.usage
     assert usage.input_tokens == len(first) + len(second)  # each generation's prompt, summed
     assert usage.output_tokens == len(generated) + len(vocab.encode_harmony(ANSWER))
-    assert usage.output_tokens_details.reasoning_tokens == len(vocab.encode("Need a tool.")) + len(vocab.encode("Done."))
+    assert usage.output_tokens_details.reasoning_tokens == (len(vocab.encode("Need a tool."))
+                                                            + len(vocab.encode("Done.")))
     # The header reached the server; the response, the stored copy and the database show it redacted.
     assert SECRET in mcp.record.header_values("x-api-key")
     assert response.tools[0].headers == {"X-Api-Key": "[redacted]"}
@@ -173,7 +176,8 @@ def test_streamed_mcp_events_are_the_sdks_in_order(serve: Callable[..., LiveServ
         *reasoning,
         *item, "response.output_text.delta", "response.output_text.done", *done,
         "response.completed"]
-    added = next(e["item"] for e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "mcp_call")
+    added = next(e["item"] for e in events
+                 if e["type"] == "response.output_item.added" and e["item"]["type"] == "mcp_call")
     assert added["status"] == "in_progress" and added["arguments"] == "" and added["output"] is None
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.mcp_call_arguments.delta")
     assert deltas == '{"city":"Paris"}'
@@ -232,7 +236,8 @@ def test_a_declined_call_does_not_run_and_the_model_is_told(serve: Callable[...,
         {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": False, "reason": "not now"}])
     assert [item.type for item in second.output] == ["reasoning", "message"]
     assert ("<|start|>weather.get_forecast to=assistant<|channel|>commentary<|message|>The user declined this call; "
-            "it did not run. Reason: not now<|end|><|start|>assistant") in vocab.decode(engine.requests[1].prompt_token_ids)
+            "it did not run. Reason: not now<|end|><|start|>assistant"
+            ) in vocab.decode(engine.requests[1].prompt_token_ids)
     bad = httpx.post(f"{client.base_url}responses", json={"model": MODEL, "tools": [tool], "input": [
         {"type": "mcp_approval_response", "approval_request_id": "mcpr_nope", "approve": True}]}, timeout=10)
     assert bad.status_code == 400 and "mcpr_nope" in bad.json()["error"]["message"]

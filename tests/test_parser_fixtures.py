@@ -100,7 +100,8 @@ def collect(vocab: Vocab, text: str) -> list[tuple[str, str | None, str, bool]]:
         # recipient before <|channel|>, after it, and with every content type spelling
         ("<|start|>assistant to=functions.f<|channel|>commentary <|constrain|>json<|message|>{}<|call|>",
          [("tool_call", "f", "{}", True)]),
-        ("<|channel|>commentary to=functions.f<|constrain|>json<|message|>{}<|call|>", [("tool_call", "f", "{}", True)]),
+        ("<|channel|>commentary to=functions.f<|constrain|>json<|message|>{}<|call|>",
+         [("tool_call", "f", "{}", True)]),
         ("<|channel|>commentary to=functions.f json<|message|>{}<|call|>", [("tool_call", "f", "{}", True)]),
         ("<|channel|>commentary to=functions.f code<|message|>{}<|call|>", [("tool_call", "f", "{}", True)]),
         ("<|channel|>commentary to=functions.f<|message|>{}<|call|>", [("tool_call", "f", "{}", True)]),
@@ -162,7 +163,8 @@ def collect(vocab: Vocab, text: str) -> list[tuple[str, str | None, str, bool]]:
           "<|message|>{}<|call|>"), [("reasoning", None, "a", True), ("tool_call", "get_weather", "{}", True)]),
         ("<|channel|>analysis<|message|>a<|end|>final<|channel|>final<|message|>Hi<|return|>",
          [("reasoning", None, "a", True), ("final", None, "Hi", True)]),
-        ("<|channel|>analysis<|message|>a<|end|>final<|return|>", [("reasoning", None, "a", True), ("final", None, "final", True)]),
+        ("<|channel|>analysis<|message|>a<|end|>final<|return|>",
+         [("reasoning", None, "a", True), ("final", None, "final", True)]),
         ("final answer<|return|>", [("final", None, "final answer", True)]),
         ("analysis<|message|>thinking<|end|>", [("reasoning", None, "thinking", True)]),
         # special tokens inside a body are dropped, the body goes on
@@ -176,7 +178,8 @@ def test_edge_cases(vocab: Vocab, completion: str, expected: list[tuple[str, str
 
 def test_a_header_too_long_to_be_one_skips_its_message(vocab: Vocab) -> None:
     junk = "word " * 400
-    text = f"<|channel|>comment {junk}<|channel|>x<|message|>secret<|end|><|start|>assistant<|channel|>final<|message|>ok"
+    text = (f"<|channel|>comment {junk}<|channel|>x<|message|>secret<|end|><|start|>assistant<|channel|>final"
+            "<|message|>ok")
     assert collect(vocab, text) == [("final", None, "ok", False)]
 
 

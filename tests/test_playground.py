@@ -141,7 +141,8 @@ class Page:
             if value:
                 return value
             time.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what}; the page shows:\n{self.evaluate('document.body.innerText')}")
+        raise AssertionError(f"timed out waiting for {what}; "
+                             f"the page shows:\n{self.evaluate('document.body.innerText')}")
 
     def text(self, selector: str) -> str:
         return self.evaluate(f"document.querySelector({json.dumps(selector)})?.textContent ?? null")

@@ -35,7 +35,8 @@ def test_ready_says_whether_to_send_traffic_and_needs_no_key(
     serve_app: Callable[[Any], LiveServer], vocab: Any, tmp_path: Path
 ) -> None:
     store = UnreachableStore(tmp_path / "store.sqlite3")
-    state = ServerState(ServerConfig(api_key="secret"), vocab, mock_engine(vocab, matchers=session_matchers(vocab)), store)
+    state = ServerState(ServerConfig(api_key="secret"), vocab, mock_engine(vocab, matchers=session_matchers(vocab)),
+                        store)
     server = serve_app(create_app(state))
     ready = httpx.get(server.base_url + "/ready")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"

@@ -54,10 +54,12 @@ def test_text_that_spells_a_special_token_stays_text(vocab: Vocab, renderer: Ren
 
 
 def test_history_tool_calls_are_written_as_the_model_writes_them(vocab: Vocab, renderer: Renderer) -> None:
-    prompt = Prompt([UserMessage("q"), ToolCall("c1", "get.weather-v2", '{"a":1}'), ToolResult("c1", "get.weather-v2", "r")])
+    prompt = Prompt([UserMessage("q"), ToolCall("c1", "get.weather-v2", '{"a":1}'),
+                     ToolResult("c1", "get.weather-v2", "r")])
     tokens = renderer.render(prompt)
     written = vocab.encode_harmony(
-        '<|start|>assistant<|channel|>commentary to=functions.get.weather-v2 <|constrain|>json<|message|>{"a":1}<|call|>'
+        "<|start|>assistant<|channel|>commentary to=functions.get.weather-v2 <|constrain|>json<|message|>"
+        '{"a":1}<|call|>'
     )
     assert any(tokens[i : i + len(written)] == written for i in range(len(tokens)))
 

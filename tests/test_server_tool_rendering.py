@@ -161,7 +161,8 @@ def test_mcp_tools_that_cannot_be_offered_are_refused(tool: McpTool, problem: st
 
 
 @pytest.mark.parametrize(("label", "problem"), [
-    ("weather", None), ("my-server_2", None), ("functions", "reserved"), ("Browser", "reserved"), ("python", "reserved"),
+    ("weather", None), ("my-server_2", None), ("functions", "reserved"), ("Browser", "reserved"),
+    ("python", "reserved"),
     ("a.b", "letters, digits"), ("", "letters, digits"), ("x" * 65, "letters, digits"), (None, "letters, digits"),
 ])
 def test_server_labels_must_make_namespaces(label: object, problem: str | None) -> None:
@@ -233,4 +234,5 @@ def test_model_recipients_map_to_the_servers_tools() -> None:
 
 def test_every_builtin_combination_is_cached_once(renderer: Renderer) -> None:
     for builtin in itertools.permutations(("browser", "python")):
-        assert renderer.system_message("medium", True, builtin) is renderer.system_message("medium", True, builtin[::-1])
+        assert renderer.system_message("medium", True, builtin) is renderer.system_message("medium", True,
+                                                                                           builtin[::-1])

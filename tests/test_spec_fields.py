@@ -77,7 +77,8 @@ TOOL = {"type": "function", "name": "get_weather", "parameters": SCHEMA, "strict
 FUNCTION_CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'}
 FUNCTION_OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}
 OUTPUT_TEXT = {"type": "output_text", "text": "Hello.", "annotations": []}
-OUTPUT_MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed", "content": [OUTPUT_TEXT]}
+OUTPUT_MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+                  "content": [OUTPUT_TEXT]}
 PREVIOUS = "<the id of a stored response>"  # replaced when sent
 CONVERSATION = "<the id of a new conversation>"  # replaced when sent
 NAMESPACE = {"type": "namespace", "name": "crm", "description": "The CRM.", "tools": []}
@@ -114,7 +115,8 @@ SURFACES = [
          "logprobs": False, "max_completion_tokens": 64, "max_tokens": 64, "metadata": {"team": "a"},
          "modalities": ["text"], "moderation": {"model": "omni-moderation-latest"}, "n": 1,
          "parallel_tool_calls": False, "prediction": {"type": "content", "content": "It is 18C."},
-         "presence_penalty": 0, "prompt_cache_key": "weather", "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
+         "presence_penalty": 0, "prompt_cache_key": "weather",
+         "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
          "prompt_cache_retention": "24h", "reasoning_effort": "low", "response_format": {"type": "json_object"},
          "safety_identifier": "user-1", "seed": 7, "service_tier": "flex", "stop": ["\n\n\n"], "store": False,
          "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.7, "tool_choice": "auto",
@@ -231,7 +233,8 @@ SURFACES = [
     ),
     Surface(
         "custom tool", CustomToolParam, RESPONSES, CUSTOM, lambda tool: {"input": "Hi", "tools": [tool]},
-        {**CUSTOM, "description": "Edit files.", "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"},
+        {**CUSTOM, "description": "Edit files.",
+         "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]+"},
          "allowed_callers": ["direct"], "async": False, "defer_loading": True},
     ),
     Surface(
@@ -253,7 +256,8 @@ SURFACES = [
     ),
     Surface(
         "tool_choice custom", ToolChoiceCustomParam, RESPONSES, {"type": "custom", "name": "apply_patch"},
-        lambda choice: {"input": "Hi", "tools": [CUSTOM], "tool_choice": choice}, {"type": "custom", "name": "apply_patch"},
+        lambda choice: {"input": "Hi", "tools": [CUSTOM], "tool_choice": choice},
+        {"type": "custom", "name": "apply_patch"},
     ),
     Surface(
         "additional_tools item", response_input_item_param.AdditionalTools, RESPONSES, ADDITIONAL,
@@ -397,8 +401,9 @@ REFUSED_VALUES = [
      "include[1]"),
     (RESPONSES, {"input": "Hi", "tools": [{**TOOL, "allowed_callers": ["programmatic"]}]}, "tools[0].allowed_callers"),
     (RESPONSES, {"input": "Hi", "tools": [{**TOOL, "async": True}]}, "tools[0].async"),
-    (RESPONSES, {"input": "Hi", "tools": [TOOL], "tool_choice": {"type": "allowed_tools", "mode": "required",
-                                                                  "tools": [{"type": "function", "name": "get_weather"}]}},
+    (RESPONSES, {"input": "Hi", "tools": [TOOL],
+                 "tool_choice": {"type": "allowed_tools", "mode": "required",
+                                 "tools": [{"type": "function", "name": "get_weather"}]}},
      "tool_choice.type"),
     (RESPONSES, {"input": "Hi", "tool_choice": {"type": "web_search_preview"}}, "tool_choice.type"),
 ]
@@ -452,12 +457,12 @@ class Kinds:
 
 KINDS = [
     Kinds("responses tools", ToolParam, RESPONSES,
-          frozenset({"function", "custom", "namespace", "mcp", "web_search", "web_search_2025_08_26", "web_search_preview",
-                     "web_search_preview_2025_03_11", "code_interpreter"}),
+          frozenset({"function", "custom", "namespace", "mcp", "web_search", "web_search_2025_08_26",
+                     "web_search_preview", "web_search_preview_2025_03_11", "code_interpreter"}),
           lambda kind: {"input": "Hi", "tools": [{"type": kind}]}, "tools[0].type"),
     Kinds("responses input items", ResponseInputItemParam, RESPONSES,
-          frozenset({"message", "reasoning", "function_call", "function_call_output", "item_reference", "additional_tools",
-                     "custom_tool_call", "custom_tool_call_output",
+          frozenset({"message", "reasoning", "function_call", "function_call_output", "item_reference",
+                     "additional_tools", "custom_tool_call", "custom_tool_call_output",
                      "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response", "web_search_call",
                      "code_interpreter_call", "compaction", "compaction_trigger"}),
           lambda kind: {"input": [QUESTION, {"type": kind}]}, "input[1].type"),
@@ -506,6 +511,8 @@ BEYOND_THE_SDK = [
 
 
 @pytest.mark.parametrize(("path", "body"), BEYOND_THE_SDK)
-def test_fields_beyond_the_sdk_that_clients_send_are_accepted(server: LiveServer, path: str, body: dict[str, Any]) -> None:
+def test_fields_beyond_the_sdk_that_clients_send_are_accepted(
+    server: LiveServer, path: str, body: dict[str, Any],
+) -> None:
     response = httpx.post(server.base_url + path, json={"model": MODEL, **body}, timeout=30)
     assert response.status_code == 200, response.text

@@ -52,7 +52,8 @@ def test_responses_stream_exactly_the_non_streamed_response(
     for _ in range(2):
         whole = httpx.post(f"{server.base_url}/v1/responses", json=body, timeout=30).json()
         payloads = []
-        with httpx.stream("POST", f"{server.base_url}/v1/responses", json={**body, "stream": True}, timeout=30) as reply:
+        with httpx.stream("POST", f"{server.base_url}/v1/responses", json={**body, "stream": True},
+                          timeout=30) as reply:
             for line in reply.iter_lines():
                 if line.startswith("data: "):
                     payloads.append(json.loads(line[6:]))

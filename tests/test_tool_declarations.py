@@ -135,7 +135,8 @@ def test_openai_harmonys_own_test_tools_render_as_it_does() -> None:
             "required": ["location"]}),
         ("kitchensink", "A function with various complex schemas.", {
             "description": "params object", "type": "object", "properties": {
-                "string": {"type": "string", "title": "STRING", "description": "A string", "examples": ["hello", "world"]},
+                "string": {"type": "string", "title": "STRING", "description": "A string",
+                           "examples": ["hello", "world"]},
                 "string_nullable": {"type": "string", "nullable": True, "description": "A nullable string",
                                     "default": "the default"},
                 "string_enum": {"type": "string", "enum": ["a", "b", "c"]},

@@ -149,7 +149,8 @@ def test_a_request_is_exported_over_otlp_with_its_stages_and_its_trace_goes_upst
 
     spans = receiver.state.spans
     deadline = time.monotonic() + 10
-    while not any(span["kind"] == 2 and span["trace_id"] == TRACE_ID for span in spans):  # SERVER: the request's own span ends last
+    # SERVER: the request's own span ends last
+    while not any(span["kind"] == 2 and span["trace_id"] == TRACE_ID for span in spans):
         assert time.monotonic() < deadline, f"no request span exported: {spans}"
         time.sleep(0.05)
     assert all(span["trace_id"] == TRACE_ID for span in spans), spans  # health probes are not traced
@@ -292,7 +293,7 @@ def test_a_server_without_otel_settings_never_imports_the_sdk() -> None:
             "tracer_from_environment; assert tracer_from_environment(os.environ) is None; "
             "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    result = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, env=environment, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, env=environment,
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

@@ -182,7 +182,8 @@ def test_an_old_release_with_xgrammar_serves_constraints_unenforced_and_says_so(
 
 
 TRTLLM_SERVE_SCHEDULER = {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT", "dynamic_batch_config": {
-    "enable_batch_size_tuning": True, "enable_max_num_tokens_tuning": False, "dynamic_batch_moving_average_window": 128}}
+    "enable_batch_size_tuning": True, "enable_max_num_tokens_tuning": False,
+    "dynamic_batch_moving_average_window": 128}}
 
 
 def test_every_trtllm_serve_flag_is_mapped_or_noticed_and_the_yaml_wins_as_in_trtllm_serve(tmp_path: Path) -> None:

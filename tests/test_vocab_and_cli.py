@@ -91,7 +91,9 @@ def stop(process: subprocess.Popen[str]) -> str:
 
 
 @pytest.mark.parametrize("launcher", [["harmony-proxy"], [sys.executable, "-m", "proxy"]], ids=["script", "module"])
-def test_serve_without_engine_says_loop_parser_and_mock_in_its_first_log_lines(tmp_path: Path, launcher: list[str]) -> None:
+def test_serve_without_engine_says_loop_parser_and_mock_in_its_first_log_lines(
+    tmp_path: Path, launcher: list[str],
+) -> None:
     if launcher == ["harmony-proxy"]:
         launcher = [str(Path(sys.executable).with_name("harmony-proxy"))]
     port = free_port()

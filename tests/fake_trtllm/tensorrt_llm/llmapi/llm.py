@@ -231,8 +231,9 @@ class LLM:
         guided = params.guided_decoding
         self._record("generate", request_id=self._next_id, prompt_length=len(inputs), streaming=streaming,
                      sampling=sampling, decoding=params.decoding(self.mixed_sampler),
-                     seed_used=params.seed if SURFACE.per_request_seed else None, guided=guided and {name: getattr(guided, name) for name in guided.__slots__
-                                                           if getattr(guided, name) not in (None, False)})
+                     seed_used=params.seed if SURFACE.per_request_seed else None,
+                     guided=guided and {name: getattr(guided, name) for name in guided.__slots__
+                                        if getattr(guided, name) not in (None, False)})
         return RequestOutput(self, self._next_id, list(inputs), params, script)
 
     def shutdown(self) -> None:

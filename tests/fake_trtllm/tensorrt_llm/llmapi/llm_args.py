@@ -139,7 +139,8 @@ def check_speculative(value: Any) -> None:
         DecodingBaseConfig.from_dict(value)
         return
     raise ValueError("1 validation error for TorchLlmArgs\nspeculative_config\n  Input should be a valid "
-                     f"dictionary or instance of EagleDecodingConfig [type=model_type, input_type={type(value).__name__}]")
+                     "dictionary or instance of EagleDecodingConfig "
+                     f"[type=model_type, input_type={type(value).__name__}]")
 
 
 def check_scheduler(value: Any) -> None:
