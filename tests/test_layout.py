@@ -116,6 +116,7 @@ def test_the_graph_is_read() -> None:
     # a module-level import, a TYPE_CHECKING one and a function-local one are all seen
     assert "parsers.events" in edges["proxy.generation"]
     assert "proxy.outcome" in edges["proxy.request_record"]
+    assert "proxy.responses.store_postgres" in edges["proxy.cli"]  # imported where --store-url asks for it
     assert "proxy.cli" in edges["proxy.__main__"]
     assert any(target.startswith("tools.") for target in edges["parsers.render"])
 
