@@ -27,7 +27,7 @@ from proxy.responses.store_postgres import PostgresResponseStore
 from proxy.responses.store_sqlite import SQLiteResponseStore
 from tests.conftest import MODEL
 from tests.postgres import PostgresServer
-from tests.test_store_processes import LONG, ROOT, ServerProcess, _text
+from tests.test_store_processes import LONG, ROOT, ServerProcess, _text, stream_resumed_from_another
 
 
 @pytest.fixture
@@ -103,6 +103,10 @@ def test_two_replicas_share_one_database(replicas: Any) -> None:
         two.request("GET", f"/v1/responses/{answered['id']}/input_items").json()["data"][0]["id"],
         *(item["id"] for item in answered["output"])]
     assert _count(one, conversation=conversation["id"]) == _count(two, conversation=conversation["id"])
+
+
+def test_a_background_response_is_streamed_from_another_replica(replicas: Any) -> None:
+    stream_resumed_from_another(*replicas(2))
 
 
 def test_sigkill_loses_nothing_acknowledged(replicas: Any) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import psycopg
 import pytest
 
@@ -28,6 +29,7 @@ from proxy.responses.store import ResponseStore, StoredResponse
 from proxy.responses.store_postgres import PostgresResponseStore
 from proxy.responses.store_sqlite import SQLiteResponseStore
 from tests.conftest import MODEL
+from tests.test_responses_resume import same_stream
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG = "<|channel|>final<|message|>" + " word" * 400 + "<|return|>"  # 8 s at 20 ms a token
@@ -278,6 +280,33 @@ def test_background_response_is_watched_and_cancelled_from_another_process(serve
     for server in (owner, other):
         assert server.request("GET", f"/v1/responses/{doomed['id']}").status_code == 404
     assert owner.create(max_output_tokens=3)["status"] == "incomplete"
+
+
+def stream_resumed_from_another(owner: ServerProcess, other: ServerProcess) -> None:
+    """A background response started on `owner` is streamed from `other` through the openai SDK while it runs,
+    left after its first text delta and resumed after it: the events, numbers and all, a streamed create sends."""
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 100}  # 2 s at 20 ms a token
+    expected = list(openai.OpenAI(base_url=owner.url + "/v1", api_key="unused").responses.create(**body, stream=True))
+    job = owner.create(**body, background=True)
+    client = openai.OpenAI(base_url=other.url + "/v1", api_key="unused", max_retries=0)
+    with client.responses.retrieve(job["id"], stream=True) as stream:
+        first = []
+        for event in stream:
+            first.append(event)
+            if event.type == "response.output_text.delta":
+                break
+    assert other.get(job["id"])["status"] == "in_progress"  # it was left while the response ran
+    rest = list(client.responses.retrieve(job["id"], stream=True, starting_after=first[-1].sequence_number))
+    events = first + rest
+    same_stream(events, expected)
+    assert events[-1].type == "response.incomplete"
+    final = other.get(job["id"])
+    assert events[-1].response.model_dump(mode="json", exclude_unset=True) == final
+    assert "".join(event.delta for event in events if event.type == "response.output_text.delta") == _text(final)
+
+
+def test_a_background_response_is_streamed_from_another_process(servers: Any) -> None:
+    stream_resumed_from_another(servers(), servers())
 
 
 def test_concurrent_writes_through_two_processes(servers: Any) -> None:

@@ -15,20 +15,31 @@ class EventWriter:
         self._sequence = 0
 
     def frames(self, payloads: Iterable[Payload | TextDelta]) -> bytes:
-        parts: list[bytes] = []
+        return b"".join(self.numbered_frames(payloads))
+
+    def numbered_frames(self, payloads: Iterable[Payload | TextDelta]) -> list[bytes]:
+        """One SSE frame per event; the first is numbered `sequence` as it was before the call, each next one
+        the number after."""
+        frames: list[bytes] = []
         for payload in payloads:
             if type(payload) is tuple:
                 item, text = payload
                 delta = encode_basestring(text).encode()
                 for prefix in item.delta_prefixes:  # the item's delta event(s), rendered when it started
-                    parts += (prefix, delta, b',"sequence_number":%d}\n\n' % self._sequence)
+                    frames.append(b"%s%s,\"sequence_number\":%d}\n\n" % (prefix, delta, self._sequence))
                     self._sequence += 1
             else:
                 payload["sequence_number"] = self._sequence  # type: ignore[index]
                 self._sequence += 1
                 data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-                parts.append(b"event: %s\ndata: %s\n\n" % (payload["type"].encode(), data.encode()))  # type: ignore[index]
-        return b"".join(parts)
+                kind = payload["type"].encode()  # type: ignore[index]
+                frames.append(b"event: %s\ndata: %s\n\n" % (kind, data.encode()))
+        return frames
+
+    @property
+    def sequence(self) -> int:
+        """The number of the next event."""
+        return self._sequence
 
     def messages(self, payloads: Iterable[Payload | TextDelta], stream_id: str | None = None) -> list[str]:
         """The same events as WebSocket text messages, one per event; each names the create's `stream_id`

@@ -1,15 +1,16 @@
 """Background responses: generated without the client, saved as they progress, cancellable from any process.
 
-Several server processes (`--workers`) can share one store; a background response runs in the process that
-created it, which owns it in the store (the store records the owner and a heartbeat). The owner
-saves the response on each finished output item and at least every PROGRESS_EVERY seconds, so a GET on any
-process shows the progress. Another process cancels (or deletes) it by recording a cancel request; the owner
-polls for those every POLL_EVERY seconds, cancels the job (its engine request is aborted) and saves it, while
-the other process waits for the store to show it ended. The owner renews its heartbeat every lease / 5; at start
-and every lease / 2, each process ends the unfinished responses whose owner's heartbeat is older than the lease
-(its process died, so they will never finish), and never those of a live process, so a worker that starts or
-restarts leaves the others' jobs alone. A job whose record its process no longer owns (deleted, or ended as
-abandoned after a stall longer than the lease) stops without saving.
+Several server processes (`--workers`) can share one store; a background response runs in the process that created
+it, which owns it in the store (the store records the owner and a heartbeat). The owner saves the response on each
+finished output item and at least every PROGRESS_EVERY seconds, with its streaming events since the last save, so a
+GET on any process shows the progress, and a streamed GET replays and follows the events
+(`proxy/responses/resume.py`). Another process cancels (or deletes) it by recording a cancel request; the owner
+polls for those every POLL_EVERY seconds, cancels the job (its engine request is aborted) and saves it, while the
+other process waits for the store to show it ended. The owner renews its heartbeat every lease / 5; at start and
+every lease / 2, each process ends the unfinished responses whose owner's heartbeat is older than the lease (its
+process died, so they will never finish), and never those of a live process, so a worker that starts or restarts
+leaves the others' jobs alone. A job whose record its process no longer owns (deleted, or ended as abandoned after a
+stall longer than the lease) stops without saving.
 """
 
 from __future__ import annotations
@@ -152,13 +153,15 @@ class BackgroundJobs:
                     type(payload) is dict and payload["type"] == "response.output_item.done" for payload in batch
                 ):
                     saved = now
+                    record = run.record()  # with the events since the last save (the stream's, for a resume)
                     try:
-                        owned = await self._store.save_owned(run.record())
+                        owned = await self._store.save_owned(record)
                     except StoreUnavailable as exc:  # the database is away: generation goes on, a later save lands
                         logger.warning("saving the progress of response %s failed: %s", run.id, exc)
                         continue
                     if not owned:
                         raise _Lost
+                    run.saved(record)
 
     async def _watch(self) -> None:
         """The owner's side: act on cancel requests, renew the heartbeat; everyone's: end dead owners' jobs."""

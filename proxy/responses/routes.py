@@ -1,4 +1,5 @@
-"""The Responses API: create, retrieve, delete, list input items, cancel."""
+"""The Responses API: create, retrieve (a background response's events too: resume.py), delete, list input items,
+cancel."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from proxy.responses.request import (
     read_responses_request,
     resolve,
 )
+from proxy.responses.resume import resumed_frames, starting_after
 from proxy.responses.run import ResponseRun, RunEvents, Save
 from proxy.responses.server_items import pending_approvals
 from proxy.responses.store import UNFINISHED, StoredResponse
@@ -196,9 +198,13 @@ async def _tool_loop(state: ServerState, parsed: ResponsesRequest, history: list
 
 async def retrieve_response(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
-    if request.query_params.get("stream") in ("true", "1"):
-        raise invalid_request("Streaming a stored response is not supported; GET it without `stream`.", param="stream")
     response_id = request.path_params["response_id"]
+    if request.query_params.get("stream") in ("true", "1"):
+        after = starting_after(request.query_params)
+        if not (await _stored(state, response_id)).resource.get("background"):
+            raise invalid_request("Only background responses can be streamed from a GET; GET it without `stream`.",
+                                  param="stream")
+        return EventStream(resumed_frames(state.responses, response_id, after))
     running = state.jobs.get(response_id) if state.jobs else None
     if running is not None:
         return JSONResponse(running.resource())

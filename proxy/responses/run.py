@@ -24,6 +24,7 @@ from parsers.events import Event
 from proxy.disconnect import close_shielded
 from proxy.engines.base import EngineError
 from proxy.outcome import Outcome
+from proxy.responses.frames import EventWriter
 from proxy.responses.output import Payload, ResponseOutput, TextDelta
 from proxy.responses.request import ResponsesRequest
 from proxy.responses.resource import response_object
@@ -62,6 +63,10 @@ class ResponseRun:
         self._status = "queued" if request.background else "in_progress"
         self._error: dict[str, str] | None = None
         self._completed_at: int | None = None
+        # A stored background response keeps its events as SSE frames until they are saved with its record
+        # (`record()`, `saved()`), for `GET /v1/responses/{id}?stream=true` to replay, numbered as a stream was.
+        self._journal = EventWriter() if request.background and save is not None else None
+        self._unsaved: list[tuple[int, str]] = []
 
     async def start(self) -> None:
         """Wait for the engine's first step, so a request the engine refuses fails before anything is sent."""
@@ -80,16 +85,16 @@ class ResponseRun:
 
     async def batches(self) -> AsyncGenerator[list[Payload | TextDelta], None]:
         self._status = "in_progress"
-        yield [{"type": "response.created", "response": self.resource()},
-               {"type": "response.in_progress", "response": self.resource()}]
+        yield self._noted([{"type": "response.created", "response": self.resource()},
+                           {"type": "response.in_progress", "response": self.resource()}])
         try:
             if self._first is None:
                 await self.start()
-            yield self._output.add(self._first or [])
+            yield self._noted(self._output.add(self._first or []))
             async for batch in self._events:
                 payloads = self._output.add(batch)
                 if payloads:
-                    yield payloads
+                    yield self._noted(payloads)
             self._settle(self._outcome.finish_reason)
             closing: list[Payload | TextDelta] = []
         except EngineError as exc:
@@ -101,8 +106,10 @@ class ResponseRun:
         finally:
             await close_shielded(self._events)
         self._completed_at = int(time.time())
+        if self._journal is not None:
+            self._noted([*closing, self._terminal()])  # saved with the finished record
         await self._save_finished()
-        yield [*closing, {"type": _TERMINAL.get(self._status, "response.failed"), "response": self.resource()}]
+        yield [*closing, self._terminal()]
 
     def resource(self) -> dict[str, Any]:
         finished = self.finished
@@ -119,8 +126,22 @@ class ResponseRun:
             completed_at=self._completed_at,
         )
 
+    def _terminal(self) -> Payload:
+        return {"type": _TERMINAL.get(self._status, "response.failed"), "response": self.resource()}
+
     def record(self) -> StoredResponse:
-        return StoredResponse(self.resource(), self.input_items)
+        return StoredResponse(self.resource(), self.input_items, list(self._unsaved))
+
+    def saved(self, record: StoredResponse) -> None:
+        """`record` was saved: its events need not be saved again."""
+        del self._unsaved[:len(record.events)]
+
+    def _noted(self, payloads: list[Payload | TextDelta]) -> list[Payload | TextDelta]:
+        if self._journal is not None:
+            first = self._journal.sequence
+            self._unsaved += [(first + n, frame.decode())
+                              for n, frame in enumerate(self._journal.numbered_frames(payloads))]
+        return payloads
 
     @property
     def finished(self) -> bool:

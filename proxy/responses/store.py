@@ -18,7 +18,7 @@ import json
 import os
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 UNFINISHED = ("queued", "in_progress")
@@ -29,6 +29,9 @@ OnOperation = Callable[[str, float, bool], None]  # (operation, seconds, ok): th
 class StoredResponse:
     resource: dict[str, Any]  # the response object, as GET /v1/responses/{id} returns it
     input_items: list[dict[str, Any]]  # the request's own input items, with ids
+    # A background response's streaming events not saved yet, as (sequence_number, SSE frame): the save appends
+    # them to its stored events (a repeated one is ignored), which `GET /v1/responses/{id}?stream=true` replays.
+    events: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -51,7 +54,14 @@ class ResponseStore(Protocol):
 
     async def load(self, response_id: str) -> StoredResponse | None: ...
 
-    async def delete(self, response_id: str) -> bool: ...
+    async def delete(self, response_id: str) -> bool:
+        """Delete a response, its items and its stored events."""
+        ...
+
+    async def events(self, response_id: str, after: int) -> tuple[str | None, list[str]]:
+        """A response's status (None if not stored), then its stored events (SSE frames) numbered after
+        `after`, in order. Read in that order, so that events read after a finished status are all there are."""
+        ...
 
     async def history(self, response_id: str) -> list[dict[str, Any]] | None:
         """Input and output items of the chain of responses ending at `response_id`, oldest first."""

@@ -81,6 +81,14 @@ CREATE TABLE conversation_items (
 );
 CREATE INDEX conversation_items_in_order ON conversation_items (conversation_id, position);
     """,
+    """
+CREATE TABLE response_events (
+    response_id TEXT NOT NULL,
+    sequence_number INTEGER NOT NULL,
+    frame TEXT NOT NULL,
+    PRIMARY KEY (response_id, sequence_number)
+);
+    """,
 ]
 
 _ABANDONED = f"""SELECT r.id FROM responses r LEFT JOIN jobs j ON j.response_id = r.id
@@ -174,6 +182,11 @@ class PostgresResponseStore:
                    ON CONFLICT (response_id, id) DO UPDATE SET item = excluded.item""",
                 [(record.id, item["id"], json.dumps(item)) for item in items],
             )
+            if record.events:
+                await cursor.executemany(
+                    "INSERT INTO response_events VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                    [(record.id, number, frame) for number, frame in record.events],
+                )
             if resource["status"] in UNFINISHED:
                 await db.execute(
                     f"""INSERT INTO jobs VALUES (%s, %s, {_NOW}, false)
@@ -204,9 +217,20 @@ class PostgresResponseStore:
                 await _lock(db, response_id)
                 await db.execute("DELETE FROM items WHERE response_id = %s", (response_id,))
                 await db.execute("DELETE FROM jobs WHERE response_id = %s", (response_id,))
+                await db.execute("DELETE FROM response_events WHERE response_id = %s", (response_id,))
                 return (await db.execute("DELETE FROM responses WHERE id = %s", (response_id,))).rowcount > 0
 
         return await self._run("delete", remove)
+
+    async def events(self, response_id: str, after: int) -> tuple[str | None, list[str]]:
+        async def read(db: Connection) -> tuple[str | None, list[str]]:
+            row = await (await db.execute("SELECT status FROM responses WHERE id = %s", (response_id,))).fetchone()
+            frames = await (await db.execute(
+                """SELECT frame FROM response_events WHERE response_id = %s AND sequence_number > %s
+                   ORDER BY sequence_number""", (response_id, after))).fetchall()
+            return (row[0] if row else None), [frame for (frame,) in frames]
+
+        return await self._run("events", read)
 
     async def history(self, response_id: str) -> list[dict[str, Any]] | None:
         async def read(db: Connection) -> list[tuple[str, str]]:

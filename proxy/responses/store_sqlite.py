@@ -77,6 +77,14 @@ CREATE TABLE IF NOT EXISTS conversation_items (
 );
 CREATE INDEX IF NOT EXISTS conversation_items_in_order ON conversation_items (conversation_id, position);
     """,
+    """
+CREATE TABLE IF NOT EXISTS response_events (
+    response_id TEXT NOT NULL,
+    sequence_number INTEGER NOT NULL,
+    frame TEXT NOT NULL,
+    PRIMARY KEY (response_id, sequence_number)
+) WITHOUT ROWID;
+    """,
 ]
 
 # Literal statuses, matching the partial index's condition so that SQLite uses it.
@@ -156,6 +164,8 @@ class SQLiteResponseStore:
             "INSERT OR REPLACE INTO items VALUES (?, ?, ?)",
             [(record.id, item["id"], json.dumps(item)) for item in items if item.get("id")],
         )
+        db.executemany("INSERT OR IGNORE INTO response_events VALUES (?, ?, ?)",
+                       [(record.id, number, frame) for number, frame in record.events])
         if resource["status"] in UNFINISHED:
             db.execute(
                 """INSERT INTO jobs VALUES (?, ?, ?, 0)
@@ -186,9 +196,19 @@ class SQLiteResponseStore:
             with _transaction(db):
                 db.execute("DELETE FROM items WHERE response_id = ?", (response_id,))
                 db.execute("DELETE FROM jobs WHERE response_id = ?", (response_id,))
+                db.execute("DELETE FROM response_events WHERE response_id = ?", (response_id,))
                 return db.execute("DELETE FROM responses WHERE id = ?", (response_id,)).rowcount > 0
 
         return await self._run("delete", remove)
+
+    async def events(self, response_id: str, after: int) -> tuple[str | None, list[str]]:
+        def read(db: sqlite3.Connection) -> tuple[str | None, list[str]]:
+            row = db.execute("SELECT status FROM responses WHERE id = ?", (response_id,)).fetchone()
+            frames = db.execute("""SELECT frame FROM response_events WHERE response_id = ? AND sequence_number > ?
+                                   ORDER BY sequence_number""", (response_id, after)).fetchall()
+            return (row[0] if row else None), [frame for (frame,) in frames]
+
+        return await self._run("events", read)
 
     async def history(self, response_id: str) -> list[dict[str, Any]] | None:
         def read(db: sqlite3.Connection) -> list[tuple[str, str]]:
