@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/tracing_bench.py [--requests N] [--tokens T]
 
-Each request does what a traced Responses request does in the server (proxy/tracing.py): its span from an
+Each request does what a traced Responses request does in the server (proxy/telemetry/tracing.py): its span from an
 incoming `traceparent`, a `queue` stage recorded after the fact, a `render` stage, an `engine` span with its
 context injected into the request, a `store save` stage, and the request's end; the spans go through the SDK's
 BatchSpanProcessor and OTLP/HTTP exporter to a sink in another process, as in production. CPU time is this
@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from proxy.engines.base import GenerationRequest, SamplingParams
 from proxy.outcome import Outcome
-from proxy.request_record import RequestRecord, current_record, note_admitted
-from proxy.tracing import RequestTrace, stage, traced_store_operations, tracer_from_environment
+from proxy.telemetry.request_record import RequestRecord, current_record, note_admitted
+from proxy.telemetry.tracing import RequestTrace, stage, traced_store_operations, tracer_from_environment
 
 HEADERS = [(b"host", b"localhost"), (b"content-type", b"application/json"),
            (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]

@@ -1,3 +1,3 @@
-from proxy.cli import main
+from proxy.server.cli import main
 
 main()

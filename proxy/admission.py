@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator, Callable
 from time import perf_counter
 
 from proxy.engines.base import Engine, EngineError, GenerationRequest, Step
-from proxy.request_record import note_admitted
+from proxy.telemetry.request_record import note_admitted
 
 RETRY_AFTER_SECONDS = 1
 

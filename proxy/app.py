@@ -27,8 +27,8 @@ from proxy.errors import (
     store_unavailable_handler,
     unexpected_error_handler,
 )
-from proxy.metrics import metrics_endpoint
-from proxy.observer import RequestObserver
+from proxy.telemetry.metrics import metrics_endpoint
+from proxy.telemetry.observer import RequestObserver
 from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
 from proxy.responses import conversations
 from proxy.responses.compaction import compact_response

@@ -18,7 +18,7 @@ from parsers.stream import OutputParser
 from parsers.vocab import Vocab
 from proxy.engines.base import Engine, EngineError, GenerationRequest, Step
 from proxy.outcome import Outcome
-from proxy.request_record import ITL_BUCKETS, current_record
+from proxy.telemetry.request_record import ITL_BUCKETS, current_record
 
 logger = logging.getLogger("harmony_proxy")
 

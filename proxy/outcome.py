@@ -1,5 +1,5 @@
 """How far a generation got and how it ended (`Outcome`): kept current by the generation (`proxy/generation.py`),
-read by the request's record (`proxy/request_record.py`), its trace and the APIs' usage."""
+read by the request's record (`proxy/telemetry/request_record.py`), its trace and the APIs' usage."""
 
 from __future__ import annotations
 

@@ -13,14 +13,14 @@ from proxy.config import ServerConfig
 from proxy.draining import Draining
 from proxy.engines.base import Engine
 from proxy.errors import APIError, model_not_found
-from proxy.metrics import Metrics
+from proxy.telemetry.metrics import Metrics
 from proxy.responses.jobs import BackgroundJobs
 from proxy.responses.sealing import Sealer, sealer_from
 from proxy.responses.store import ResponseStore
 from proxy.server_tools.allow import McpAllowList
 from proxy.server_tools.builtin import ToolServers
 from proxy.server_tools.tool_cache import ToolListCache
-from proxy.tracing import TracedRenderer
+from proxy.telemetry.tracing import TracedRenderer
 from tools.cache import ToolCatalog
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class ServerState:
     engine: Engine
     responses: ResponseStore | None = None  # None: storage disabled (--no-store)
     metrics: Metrics = None  # type: ignore[assignment]  # None: new ones (the CLI passes the ones it wired up)
-    tracer: Tracer | None = None  # OpenTelemetry's, when OTEL_* settings ask for traces (proxy/tracing.py)
+    tracer: Tracer | None = None  # OpenTelemetry's, when OTEL_* settings ask for traces (proxy/telemetry/tracing.py)
     renderer: Renderer = field(init=False)
     jobs: BackgroundJobs | None = field(init=False)
     mcp_allow: McpAllowList = field(init=False)  # which client-supplied MCP server URLs may be reached

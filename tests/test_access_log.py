@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from proxy.access_log import JsonFormatter, RequestIdFilter, TextFormatter
+from proxy.telemetry.access_log import JsonFormatter, RequestIdFilter, TextFormatter
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER, CALL, WEATHER
 from tests.test_vocab_and_cli import clean_env, free_port, stop, wait_healthy

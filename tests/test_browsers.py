@@ -13,7 +13,7 @@ import pytest
 import websockets
 
 from proxy.browsers import ANY, allowed_hosts
-from proxy.cli import _config, build_parser
+from proxy.server.cli import _config, build_parser
 from tests.conftest import MODEL, LiveServer
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}

@@ -1,5 +1,5 @@
 """Slow and idle connections are closed, open connections are capped, long streams are not touched
-(proxy/connections.py), on the real server process the CLI starts."""
+(proxy/server/connections.py), on the real server process the CLI starts."""
 
 from __future__ import annotations
 

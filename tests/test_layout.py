@@ -108,16 +108,27 @@ def upward(name: str, target: str) -> bool:
     if name == "proxy.engines" or name.startswith("proxy.engines."):
         return other == "proxy" and not any(target == allowed or target.startswith(allowed + ".")
                                             for allowed in ENGINE_MAY_IMPORT)
+    if within(name, "proxy.telemetry"):  # beside the path: it reads the record, never the APIs or the server
+        return any(within(target, api) for api in (*APIS, "proxy.server"))
+    if within(target, "proxy.server"):  # the process around everything: only the entry point starts it
+        return not within(name, "proxy.server") and name != "proxy.__main__"
     return False
+
+
+APIS = ("proxy.chat", "proxy.responses", "proxy.completions")
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def test_the_graph_is_read() -> None:
     edges = graph()
     # a module-level import, a TYPE_CHECKING one and a function-local one are all seen
     assert "parsers.events" in edges["proxy.generation"]
-    assert "proxy.outcome" in edges["proxy.request_record"]
-    assert "proxy.responses.store_postgres" in edges["proxy.cli"]  # imported where --store-url asks for it
-    assert "proxy.cli" in edges["proxy.__main__"]
+    assert "proxy.outcome" in edges["proxy.telemetry.request_record"]
+    assert "proxy.responses.store_postgres" in edges["proxy.server.cli"]  # imported where --store-url asks for it
+    assert "proxy.server.cli" in edges["proxy.__main__"]
     assert any(target.startswith("tools.") for target in edges["parsers.render"])
 
 

@@ -1,4 +1,4 @@
-"""A burst of connections is accepted at once even while the loop is busy (proxy/listener.py)."""
+"""A burst of connections is accepted at once even while the loop is busy (proxy/server/listener.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from proxy.listener import accept_eagerly, new_event_loop
+from proxy.server.listener import accept_eagerly, new_event_loop
 
 BURST = 300
 BUSY_TASKS = 300
@@ -82,8 +82,8 @@ def test_uvicorn_serves_on_the_eager_loop() -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     address = listener.getsockname()
-    # What the CLI gives uvicorn (proxy/cli.py uvicorn_options), in one process or in each worker.
-    server = uvicorn.Server(uvicorn.Config(app, loop="proxy.listener:new_event_loop", log_level="warning",
+    # What the CLI gives uvicorn (proxy/server/cli.py uvicorn_options), in one process or in each worker.
+    server = uvicorn.Server(uvicorn.Config(app, loop="proxy.server.listener:new_event_loop", log_level="warning",
                                            lifespan="off"))
     serving = threading.Thread(target=server.run, kwargs={"sockets": [listener]})
     serving.start()

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from proxy.cli import StartupError, _config, build_parser
+from proxy.server.cli import StartupError, _config, build_parser
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused
 
 PREFIXES = ["http://allowed.example/mcp", "https://Straße.example", "http://[::1]:8000/tools/",

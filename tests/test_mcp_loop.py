@@ -20,7 +20,7 @@ from openai import AsyncOpenAI
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
-from proxy.access_log import redact_body
+from proxy.telemetry.access_log import redact_body
 from proxy.engines.scripted import scripted_engine
 from proxy.responses.hosted_request import ApprovalPolicy, ToolFilter
 from proxy.server_tools.listing import McpTool

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.responses import RedirectResponse
 
-from proxy.access_log import redact_body
+from proxy.telemetry.access_log import redact_body
 from proxy.engines.scripted import scripted_engine
 from proxy.server_tools.headers import ServerHeaders
 from tests.conftest import MODEL, LiveServer

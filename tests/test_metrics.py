@@ -26,9 +26,9 @@ from proxy.config import ServerConfig
 from proxy.engines.base import Engine, GenerationRequest, SamplingParams, Step
 from proxy.engines.scripted import scripted_engine
 from proxy.generation import tracked_steps
-from proxy.metrics import Metrics
+from proxy.telemetry.metrics import Metrics
 from proxy.outcome import Outcome
-from proxy.request_record import ITL_BUCKETS, RequestRecord, current_record
+from proxy.telemetry.request_record import ITL_BUCKETS, RequestRecord, current_record
 from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
 from tests.conftest import MODEL, LiveServer

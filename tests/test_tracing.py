@@ -36,7 +36,7 @@ from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
 from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
-from proxy.tracing import TracedEngine, traced_store_operations, tracer_from_environment, tracing_requested
+from proxy.telemetry.tracing import TracedEngine, traced_store_operations, tracer_from_environment, tracing_requested
 from tests.conftest import MODEL, LiveServer
 from tests.fake_upstreams import fake_upstream
 from tests.mcp_servers import Running
@@ -289,7 +289,7 @@ def test_tracing_is_off_unless_the_otel_settings_ask_for_it() -> None:
 
 def test_a_server_without_otel_settings_never_imports_the_sdk() -> None:
     # (the API package is imported anyway: the mcp library uses it; the SDK and the exporter are ours to load)
-    code = ("import sys, os; import proxy.cli, proxy.app; from proxy.tracing import "
+    code = ("import sys, os; import proxy.server.cli, proxy.app; from proxy.telemetry.tracing import "
             "tracer_from_environment; assert tracer_from_environment(os.environ) is None; "
             "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

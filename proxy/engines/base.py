@@ -82,7 +82,7 @@ class GenerationRequest:
     # header), most specific first: engines with several replicas route on them (proxy/engines/routing.py).
     routing_hints: tuple[str, ...] = ()
     # W3C trace context headers (`traceparent`) of the request's engine span, for an engine that makes HTTP
-    # requests (proxy/tracing.py); empty when the request is not traced.
+    # requests (proxy/telemetry/tracing.py); empty when the request is not traced.
     trace_headers: tuple[tuple[str, str], ...] = ()
 
 

@@ -21,7 +21,7 @@ import logging
 import time
 from typing import Any
 
-from proxy.request_record import run_detached
+from proxy.telemetry.request_record import run_detached
 from proxy.responses.run import ResponseRun
 from proxy.responses.store import UNFINISHED, ResponseStore, StoredResponse, StoreUnavailable
 
@@ -54,7 +54,7 @@ class BackgroundJobs:
 
     def start(self, run: ResponseRun) -> None:
         """Run a response that was saved as queued (which made it this process's job)."""
-        # Measured and logged on its own: its POST was answered before it generates (proxy/request_record.py).
+        # Measured and logged on its own: its POST was answered before it generates (proxy/telemetry/request_record.py).
         task = run_detached(self._generate(run), f"response {run.id}", "/v1/responses", "responses")
         self._running[run.id] = (task, run)
         task.add_done_callback(lambda _: self._running.pop(run.id, None))

@@ -16,7 +16,7 @@ from proxy.generation import parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request, routing_hints
 from proxy.outcome import Outcome
-from proxy.request_record import current_record
+from proxy.telemetry.request_record import current_record
 from proxy.responses.compaction import compact_first
 from proxy.responses.compaction_items import split_trigger
 from proxy.responses.frames import EventWriter

@@ -23,14 +23,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from proxy.engines.base import Engine, GenerationRequest, Step
-from proxy.request_record import current_record
+from proxy.telemetry.request_record import current_record
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from parsers.render import Renderer
     from proxy.outcome import Outcome
-    from proxy.request_record import RequestRecord
+    from proxy.telemetry.request_record import RequestRecord
 
 logger = logging.getLogger("harmony_proxy")
 _EXPORTERS = ("otlp", "console")

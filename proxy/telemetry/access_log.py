@@ -1,6 +1,6 @@
 """Server logs: one access line per request, the request id on every line about a request, text or JSON.
 
-The access line is written from the request's record when the request ends (`proxy/request_record.py`): id,
+The access line is written from the request's record when the request ends (`proxy/telemetry/request_record.py`): id,
 route, status, model, token counts, time to first token, duration, finish reason, and whether the client left
 early. It never holds a prompt or a key; with `--log-requests` a separate line holds the request's body and
 headers, never its `Authorization` (nor other credential headers), nor the secrets a Responses request carries
@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from proxy.request_record import RequestRecord, current_record
+from proxy.telemetry.request_record import RequestRecord, current_record
 from proxy.server_tools.allow import redacted_url
 from proxy.server_tools.headers import REDACTED
 

@@ -26,11 +26,11 @@ from typing import Any
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
-from proxy.metrics import MULTIPROCESS_ENV
+from proxy.telemetry.metrics import MULTIPROCESS_ENV
 from proxy.responses.sealing import KEY_ENV
 
 logger = logging.getLogger("harmony_proxy")
-WORKER_APP = "proxy.cli:worker_app"  # the factory uvicorn calls in each worker process
+WORKER_APP = "proxy.server.cli:worker_app"  # the factory uvicorn calls in each worker process
 ARGV_ENV = "HARMONY_PROXY_WORKER_ARGV"  # the command line, as JSON, for workers to rebuild the server from
 ENGINE_SOCKET_ENV = "HARMONY_PROXY_ENGINE_SOCKET"  # the trtllm engine host's socket, when there is one
 
@@ -38,7 +38,7 @@ ENGINE_SOCKET_ENV = "HARMONY_PROXY_ENGINE_SOCKET"  # the trtllm engine host's so
 def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str, options: dict[str, Any],
                   host_main: Callable[[list[str], str], None]) -> None:
     """Supervise `args.workers` processes serving WORKER_APP with uvicorn `options`; with trtllm, one engine host
-    process running `host_main(argv, socket_path)` too. The entry points are the CLI's (`proxy/cli.py`): each
+    process running `host_main(argv, socket_path)` too. The entry points are the CLI's (`proxy/server/cli.py`): each
     process rebuilds the server from `argv`."""
     os.environ[ARGV_ENV] = json.dumps(argv)
     if args.reasoning_key is None:  # one random key for all the workers, or a blob opens in one worker only

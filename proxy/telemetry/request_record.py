@@ -1,6 +1,6 @@
 """One record per request, filled along the request path and read once when the request ends.
 
-The HTTP observer (`proxy/observer.py`) opens it and puts it in a context variable; the layers below fill in
+The HTTP observer (`proxy/telemetry/observer.py`) opens it and puts it in a context variable; the layers below fill in
 what they alone know: the admission queue its wait (`proxy/admission.py`), the generation its outcome, token
 timing, tool calls and engine errors (`proxy/generation.py`). When the request ends, the metrics and the access
 log both read the same record, so no fact is measured twice. Code that runs outside any request (tests driving
@@ -34,7 +34,7 @@ _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,%d}" % MAX_REQUEST_ID)  # safe 
 
 
 class Trace(Protocol):
-    """What the request path asks of a request's spans; `proxy/tracing.py`'s RequestTrace (which reads this
+    """What the request path asks of a request's spans; `proxy/telemetry/tracing.py`'s RequestTrace (which reads this
     record, so this module does not import it)."""
 
     def record_stage(self, name: str, started: float, ended: float) -> None: ...
@@ -69,7 +69,7 @@ class RequestRecord:
     engine_error: str | None = None  # an EngineError's code, when the engine refused or failed the request
     ended: float | None = None
     publish: Callable[[RequestRecord], None] | None = None  # where the finished record goes (metrics, log)
-    trace: Trace | None = None  # the request's spans, when tracing is on (proxy/tracing.py)
+    trace: Trace | None = None  # the request's spans, when tracing is on (proxy/telemetry/tracing.py)
 
     def token_times(self, first: float | None, last: float | None, gaps: list[int]) -> None:
         """When the first and last engine steps with tokens came, and the gaps between steps, bucketed."""

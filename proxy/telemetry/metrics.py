@@ -6,7 +6,7 @@ exports the same histograms, with the same buckets, as `trtllm_*`. What vLLM has
 `harmony_proxy:*`. Every metric has the `model_name` label, as vLLM's do.
 
 With `--workers N` each worker writes its values to files in PROMETHEUS_MULTIPROC_DIR (the supervisor makes and
-removes the folder, `proxy/workers.py`), and a scrape of any worker adds them all up: counters and histograms
+removes the folder, `proxy/server/workers.py`), and a scrape of any worker adds them all up: counters and histograms
 over every worker that ever ran, live gauges over the living ones.
 """
 
@@ -22,7 +22,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.request_record import ITL_BUCKETS, RequestRecord
+from proxy.telemetry.request_record import ITL_BUCKETS, RequestRecord
 
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # vLLM's buckets (vllm/v1/metrics/loggers.py); trtllm-serve uses the same ones.
@@ -117,7 +117,7 @@ class Metrics:
         self.waiting.set(0)
         # The inter-token gaps of a request are added at its end, bucket by bucket (see `_add_gaps`).
         if len(self.itl._buckets) != len(ITL_BUCKETS) + 1:
-            raise RuntimeError("prometheus-client's histogram layout changed; update proxy/metrics.py")
+            raise RuntimeError("prometheus-client's histogram layout changed; update proxy/telemetry/metrics.py")
 
     def admission_changed(self, running: int, waiting: int) -> None:
         self.running.set(running)

@@ -30,12 +30,12 @@ import uvicorn
 from starlette.applications import Starlette
 
 from parsers.vocab import Vocab, VocabError, load_vocab
-from proxy.access_log import LOG_FORMATS, configure_logging
+from proxy.telemetry.access_log import LOG_FORMATS, configure_logging
 from proxy.admission import AdmissionQueue, AdmittedEngine
 from proxy.app import create_app
 from proxy.browsers import allowed_hosts
 from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
-from proxy.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
+from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.routing import ROUTERS
@@ -50,15 +50,15 @@ from proxy.engines.trtllm_args import (
 )
 from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
-from proxy.metrics import Metrics
+from proxy.telemetry.metrics import Metrics
 from proxy.responses.sealing import KEY_ENV, MIN_SECRET_CHARS
 from proxy.responses.store import OnOperation, ResponseStore
 from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
-from proxy.tracing import TracedEngine, traced_store_operations, tracer_from_environment
+from proxy.telemetry.tracing import TracedEngine, traced_store_operations, tracer_from_environment
 from proxy.validation import MAX_BODY_BYTES
-from proxy.workers import ARGV_ENV, ENGINE_SOCKET_ENV, serve_workers
+from proxy.server.workers import ARGV_ENV, ENGINE_SOCKET_ENV, serve_workers
 
 logger = logging.getLogger("harmony_proxy")
 ENGINES = ("mock", "scripted", "trtllm", "upstream")
@@ -359,7 +359,7 @@ def run_server(args: argparse.Namespace, state: ServerState, listening: socket.s
 
 
 def worker_app() -> Starlette:
-    """The application of one `--workers` process (uvicorn calls this factory in each, `proxy/workers.py`)."""
+    """The application of one `--workers` process (uvicorn calls this factory in each, `proxy/server/workers.py`)."""
     args = build_parser().parse_args(json.loads(os.environ[ARGV_ENV]))
     configure_logging(args.log_level, args.log_format)
     engine_name = engine_choice(args)
@@ -401,14 +401,14 @@ def runtime() -> tuple[str, str]:
 def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     loop, http = runtime()
     if loop == "uvloop":
-        loop = "proxy.listener:new_event_loop"  # uvloop that accepts every waiting connection (proxy/listener.py)
+        loop = "proxy.server.listener:new_event_loop"  # uvloop that accepts every waiting connection (proxy/server/listener.py)
     limits = connection_limits(args)
     if http == "httptools":
-        http = ConnectionGuard(limits).protocol  # closes slow and idle connections (proxy/connections.py)
+        http = ConnectionGuard(limits).protocol  # closes slow and idle connections (proxy/server/connections.py)
     return {"host": args.host, "port": args.port, "loop": loop, "http": http, "log_config": None,
             "log_level": args.log_level, "timeout_graceful_shutdown": args.shutdown_timeout,
             "timeout_keep_alive": limits.keep_alive_timeout,
-            "access_log": False,  # ours (proxy/access_log.py) has the request id, tokens and timings
+            "access_log": False,  # ours (proxy/telemetry/access_log.py) has the request id, tokens and timings
             # WebSocket (proxy/responses/websocket.py): the websockets library, its pings, and a message as
             # large as an HTTP body may be (a larger one closes the connection with 1009).
             "ws": "websockets-sansio", "ws_ping_interval": args.ws_ping_interval,

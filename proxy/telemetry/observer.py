@@ -1,7 +1,7 @@
 """ASGI middleware that opens each request's record, names the request, and publishes the record at its end.
 
 It gives every response an `x-request-id` header (the client's own when it is short and plain), makes the
-request's record current for the layers below (`proxy/request_record.py`), notices a client that leaves before
+request's record current for the layers below (`proxy/telemetry/request_record.py`), notices a client that leaves before
 its answer is complete, and when the request ends hands the record to the metrics and the access log, once.
 
 It sits inside KeepRawSend, so stream frames, which go to the server's own `send`, pass nothing of it: only a
@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.access_log import write_access_line, write_request_line
+from proxy.telemetry.access_log import write_access_line, write_request_line
 from proxy.errors import unexpected_error_handler
-from proxy.metrics import Metrics
-from proxy.request_record import RequestRecord, current_record, request_id_from
-from proxy.tracing import RequestTrace
+from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.request_record import RequestRecord, current_record, request_id_from
+from proxy.telemetry.tracing import RequestTrace
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -46,7 +46,7 @@ class RequestObserver:
         tracer: Tracer | None = None,
     ) -> None:
         """`routes`: each endpoint's path template, so that metrics are labelled by route, not by raw path;
-        `tracer`: each request is traced (proxy/tracing.py), its parent taken from the `traceparent` header."""
+        `tracer`: each request is traced (proxy/telemetry/tracing.py), its parent taken from the `traceparent` header."""
         self.app = app
         self._metrics = metrics
         self._model = model

@@ -7,7 +7,7 @@ asyncio's own loop takes up to 100 connections per wake-up). A second reader on 
 socket empties the queue whenever it is readable and hands each connection to the server's protocol, exactly as
 the server's own accept would; the loop's accept then finds the queue empty.
 
-uvicorn runs on `new_event_loop` (its `loop` setting, see `proxy/cli.py`) where uvloop is installed; asyncio's
+uvicorn runs on `new_event_loop` (its `loop` setting, see `proxy/server/cli.py`) where uvloop is installed; asyncio's
 own loop needs none of this.
 """
 
@@ -28,7 +28,7 @@ logger = logging.getLogger("harmony_proxy")
 
 MAX_ACCEPTS_PER_WAKE = 1024  # bounded, so a connection flood still lets streams take turns
 # Descriptors left free at the end of a wake: the connections accepted in it are counted against --max-connections
-# (proxy/connections.py) only when they start, so a wake stops early near the limit and lets that shed idle ones.
+# (proxy/server/connections.py) only when they start, so a wake stops early near the limit and lets that shed idle ones.
 _HEADROOM = 64
 
 

@@ -1,0 +1,1 @@
+"""Beside the data path: the per-request record, metrics, access logs and traces."""
