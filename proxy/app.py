@@ -27,8 +27,6 @@ from proxy.errors import (
     store_unavailable_handler,
     unexpected_error_handler,
 )
-from proxy.telemetry.metrics import metrics_endpoint
-from proxy.telemetry.observer import RequestObserver
 from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
 from proxy.responses import conversations
 from proxy.responses.compaction import compact_response
@@ -45,6 +43,8 @@ from proxy.responses.websocket import responses_socket
 from proxy.sse import KeepRawSend
 from proxy.state import ServerState
 from proxy.status import health, list_models, ready, retrieve_model
+from proxy.telemetry.metrics import metrics_endpoint
+from proxy.telemetry.observer import RequestObserver
 
 logger = logging.getLogger("harmony_proxy")
 

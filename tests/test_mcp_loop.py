@@ -20,10 +20,10 @@ from openai import AsyncOpenAI
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
-from proxy.telemetry.access_log import redact_body
 from proxy.engines.scripted import scripted_engine
 from proxy.responses.hosted_request import ApprovalPolicy, ToolFilter
 from proxy.server_tools.listing import McpTool
+from proxy.telemetry.access_log import redact_body
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
 from tests.mcp_servers import Running

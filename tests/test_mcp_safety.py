@@ -13,9 +13,9 @@ import httpx
 import pytest
 from starlette.responses import RedirectResponse
 
-from proxy.telemetry.access_log import redact_body
 from proxy.engines.scripted import scripted_engine
 from proxy.server_tools.headers import ServerHeaders
+from proxy.telemetry.access_log import redact_body
 from tests.conftest import MODEL, LiveServer
 from tests.mcp_servers import Record, Recording, weather_server
 from tests.test_e2e_chat import client_for

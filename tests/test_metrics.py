@@ -26,11 +26,11 @@ from proxy.config import ServerConfig
 from proxy.engines.base import Engine, GenerationRequest, SamplingParams, Step
 from proxy.engines.scripted import scripted_engine
 from proxy.generation import tracked_steps
-from proxy.telemetry.metrics import Metrics
 from proxy.outcome import Outcome
-from proxy.telemetry.request_record import ITL_BUCKETS, RequestRecord, current_record
 from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
+from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.request_record import ITL_BUCKETS, RequestRecord, current_record
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Wrapper
 from tests.test_e2e_chat import ANSWER, CALL, WEATHER

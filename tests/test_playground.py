@@ -28,7 +28,9 @@ from proxy.engines.scripted import scripted_engine
 from tests.conftest import LiveServer
 from tests.engines import Failing, Recording
 
-SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "playground.png"
+# The README's picture of the page: rewritten only when asked (PLAYGROUND_SCREENSHOT=docs/playground.png), so a
+# test run leaves the tree as it found it.
+SCREENSHOT = os.environ.get("PLAYGROUND_SCREENSHOT")
 QUESTION = "What is the weather in Paris?"
 TOOL_TURN = (
     "<|channel|>analysis<|message|>Need the weather for Paris.<|end|>"
@@ -230,7 +232,7 @@ RUNS = {
 @pytest.mark.parametrize("api, chain, config", RUNS.values(), ids=RUNS.keys())
 def test_streams_reasoning_answer_and_a_tool_loop(
     serve: Callable[..., LiveServer], open_page: Callable[[LiveServer], Page], vocab: Vocab,
-    api: str, chain: bool, config: dict[str, Any],
+    api: str, chain: bool, config: dict[str, Any], tmp_path: Path,
 ) -> None:
     engine = Recording(scripted_engine(vocab, [TOOL_TURN, ANSWER_TURN]))
     page = open_page(serve(engine=engine, **config))
@@ -286,7 +288,7 @@ def test_streams_reasoning_answer_and_a_tool_loop(
         if not stored:
             assert "not stored: the next request sends the full input" in page.text(".footer")
     if api == "chat" and not config:
-        page.screenshot(SCREENSHOT)
+        page.screenshot(Path(SCREENSHOT) if SCREENSHOT else tmp_path / "playground.png")
 
 
 def test_asks_for_the_api_key_and_keeps_it_in_the_page(

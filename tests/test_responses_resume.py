@@ -4,6 +4,7 @@ sends, with their sequence numbers, replayed and then followed while the respons
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import time
 from collections.abc import Callable
@@ -85,7 +86,7 @@ def test_what_cannot_be_streamed_from_a_get(serve: Callable[..., LiveServer], tm
     cancelled = client.responses.cancel(job.id)
     events = list(client.responses.retrieve(job.id, stream=True))  # a cancelled run's stream ends where it stopped
     assert cancelled.status == "cancelled" and events[0].type == "response.created"
-    assert all(b.sequence_number == a.sequence_number + 1 for a, b in zip(events, events[1:]))
+    assert all(b.sequence_number == a.sequence_number + 1 for a, b in itertools.pairwise(events))
     def stored_events() -> int:
         with sqlite3.connect(tmp_path / "responses.sqlite3") as db:  # the serve fixture's store
             return db.execute("SELECT count(*) FROM response_events WHERE response_id = ?", (job.id,)).fetchone()[0]

@@ -21,9 +21,9 @@ import logging
 import time
 from typing import Any
 
-from proxy.telemetry.request_record import run_detached
 from proxy.responses.run import ResponseRun
 from proxy.responses.store import UNFINISHED, ResponseStore, StoredResponse, StoreUnavailable
+from proxy.telemetry.request_record import run_detached
 
 logger = logging.getLogger("harmony_proxy")
 

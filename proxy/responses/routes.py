@@ -16,7 +16,6 @@ from proxy.generation import parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request, routing_hints
 from proxy.outcome import Outcome
-from proxy.telemetry.request_record import current_record
 from proxy.responses.compaction import compact_first
 from proxy.responses.compaction_items import split_trigger
 from proxy.responses.frames import EventWriter
@@ -40,6 +39,7 @@ from proxy.server_tools.limits import McpLimits
 from proxy.server_tools.sessions import McpSessions
 from proxy.sse import EventStream
 from proxy.state import ServerState
+from proxy.telemetry.request_record import current_record
 
 
 async def create_response(request: Request) -> Response:

@@ -34,7 +34,6 @@ from proxy.errors import APIError
 from proxy.generation import parsed_events
 from proxy.options import GenerationOptions, generation_request
 from proxy.outcome import Outcome
-from proxy.telemetry.request_record import current_record
 from proxy.responses.hosted import APPROVAL, CODE, MCP, CallTarget, HostedTools
 from proxy.responses.output import ResponseOutput
 from proxy.responses.server_items import PendingApproval
@@ -44,6 +43,7 @@ from proxy.server_tools.headers import ServerHeaders
 from proxy.server_tools.output import ToolOutput
 from proxy.server_tools.rendering import result_tokens
 from proxy.server_tools.sessions import McpSessions
+from proxy.telemetry.request_record import current_record
 from proxy.telemetry.tracing import stage
 
 Render = Callable[[list[dict[str, Any]]], Awaitable[list[int]]]  # the prompt, with these items added to the input

@@ -28,14 +28,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from proxy.auth import KEY_SUBPROTOCOL
 from proxy.engines.base import EngineError
 from proxy.errors import APIError, from_engine, invalid_request
-from proxy.telemetry.observer import publish
-from proxy.telemetry.request_record import RequestRecord, current_record, request_id_from
 from proxy.responses import turns
 from proxy.responses.frames import EventWriter
 from proxy.responses.request import offer_earlier_tools, parse_responses_request, resolve
 from proxy.responses.routes import check_create, new_run, prewarm_run
 from proxy.responses.run import ResponseRun
 from proxy.state import ServerState
+from proxy.telemetry.observer import publish
+from proxy.telemetry.request_record import RequestRecord, current_record, request_id_from
 from proxy.telemetry.tracing import RequestTrace
 from proxy.validation import LARGE_BODY_BYTES, decode_json_object
 

@@ -30,12 +30,10 @@ import uvicorn
 from starlette.applications import Starlette
 
 from parsers.vocab import Vocab, VocabError, load_vocab
-from proxy.telemetry.access_log import LOG_FORMATS, configure_logging
 from proxy.admission import AdmissionQueue, AdmittedEngine
 from proxy.app import create_app
 from proxy.browsers import allowed_hosts
 from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
-from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.routing import ROUTERS
@@ -50,15 +48,17 @@ from proxy.engines.trtllm_args import (
 )
 from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
-from proxy.telemetry.metrics import Metrics
 from proxy.responses.sealing import KEY_ENV, MIN_SECRET_CHARS
 from proxy.responses.store import OnOperation, ResponseStore
 from proxy.responses.store_sqlite import SQLiteResponseStore
+from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
+from proxy.server.workers import ARGV_ENV, ENGINE_SOCKET_ENV, serve_workers
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
+from proxy.telemetry.access_log import LOG_FORMATS, configure_logging
+from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.tracing import TracedEngine, traced_store_operations, tracer_from_environment
 from proxy.validation import MAX_BODY_BYTES
-from proxy.server.workers import ARGV_ENV, ENGINE_SOCKET_ENV, serve_workers
 
 logger = logging.getLogger("harmony_proxy")
 ENGINES = ("mock", "scripted", "trtllm", "upstream")
@@ -401,7 +401,8 @@ def runtime() -> tuple[str, str]:
 def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     loop, http = runtime()
     if loop == "uvloop":
-        loop = "proxy.server.listener:new_event_loop"  # uvloop that accepts every waiting connection (proxy/server/listener.py)
+        # uvloop that accepts every waiting connection (proxy/server/listener.py)
+        loop = "proxy.server.listener:new_event_loop"
     limits = connection_limits(args)
     if http == "httptools":
         http = ConnectionGuard(limits).protocol  # closes slow and idle connections (proxy/server/connections.py)

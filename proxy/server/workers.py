@@ -26,8 +26,8 @@ from typing import Any
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
-from proxy.telemetry.metrics import MULTIPROCESS_ENV
 from proxy.responses.sealing import KEY_ENV
+from proxy.telemetry.metrics import MULTIPROCESS_ENV
 
 logger = logging.getLogger("harmony_proxy")
 WORKER_APP = "proxy.server.cli:worker_app"  # the factory uvicorn calls in each worker process

@@ -17,9 +17,9 @@ import sys
 import time
 from typing import Any
 
-from proxy.telemetry.request_record import RequestRecord, current_record
 from proxy.server_tools.allow import redacted_url
 from proxy.server_tools.headers import REDACTED
+from proxy.telemetry.request_record import RequestRecord, current_record
 
 access_logger = logging.getLogger("harmony_proxy.access")
 requests_logger = logging.getLogger("harmony_proxy.requests")

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.telemetry.access_log import write_access_line, write_request_line
 from proxy.errors import unexpected_error_handler
+from proxy.telemetry.access_log import write_access_line, write_request_line
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.request_record import RequestRecord, current_record, request_id_from
 from proxy.telemetry.tracing import RequestTrace
@@ -46,7 +46,7 @@ class RequestObserver:
         tracer: Tracer | None = None,
     ) -> None:
         """`routes`: each endpoint's path template, so that metrics are labelled by route, not by raw path;
-        `tracer`: each request is traced (proxy/telemetry/tracing.py), its parent taken from the `traceparent` header."""
+        `tracer`: each request is traced (proxy/telemetry/tracing.py), its parent from the `traceparent` header."""
         self.app = app
         self._metrics = metrics
         self._model = model
