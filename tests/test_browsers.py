@@ -13,7 +13,8 @@ import pytest
 import websockets
 
 from proxy.browsers import ANY, allowed_hosts
-from proxy.server.cli import _config, build_parser
+from proxy.server.arguments import build_parser
+from proxy.server.startup import server_config
 from tests.conftest import MODEL, LiveServer
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -85,7 +86,7 @@ def test_the_cli_derives_the_allowed_hosts_from_where_it_listens() -> None:
     assert set(allowed_hosts("0.0.0.0", ["api.example"])) == {"localhost", "127.0.0.1", "::1", "0.0.0.0", "api.example"}
     args = build_parser().parse_args(["serve", "--host", "0.0.0.0", "--allowed-hosts", "a.example,b.example",
                                       "--allowed-hosts", "c.example", "--allowed-origins", "https://x.example"])
-    config = _config(args, "mock")
+    config = server_config(args, "mock")
     assert {"a.example", "b.example", "c.example", "localhost"} <= set(config.allowed_hosts)
     assert config.allowed_origins == ("https://x.example",)
 

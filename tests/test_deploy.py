@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from proxy.server.cli import build_parser
+from proxy.server.arguments import build_parser
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 

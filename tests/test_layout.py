@@ -127,7 +127,7 @@ def test_the_graph_is_read() -> None:
     # a module-level import, a TYPE_CHECKING one and a function-local one are all seen
     assert "parsers.events" in edges["proxy.generation"]
     assert "proxy.outcome" in edges["proxy.telemetry.request_record"]
-    assert "proxy.responses.store_postgres" in edges["proxy.server.cli"]  # imported where --store-url asks for it
+    assert "proxy.responses.store_postgres" in edges["proxy.server.startup"]  # imported where --store-url asks for it
     assert "proxy.server.cli" in edges["proxy.__main__"]
     assert any(target.startswith("tools.") for target in edges["parsers.render"])
 

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from proxy.server.cli import StartupError, _config, build_parser
+from proxy.server.arguments import StartupError, build_parser
+from proxy.server.startup import server_config
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused
 
 PREFIXES = ["http://allowed.example/mcp", "https://Straße.example", "http://[::1]:8000/tools/",
@@ -114,10 +115,10 @@ def test_a_root_prefix_allows_the_whole_origin() -> None:
 def test_the_flags_reach_the_server_config() -> None:
     args = build_parser().parse_args(["serve", "--mcp-allow", "http://a.example/mcp", "--mcp-allow",
                                       "https://b.example", "--tool-server", "http://127.0.0.1:8001/sse"])
-    config = _config(args, "mock")
+    config = server_config(args, "mock")
     assert config.mcp_allow == ("http://a.example/mcp", "https://b.example")
     assert config.tool_servers == ("http://127.0.0.1:8001/sse",)
     with pytest.raises(StartupError, match="--mcp-allow 'a.example'"):
-        _config(build_parser().parse_args(["serve", "--mcp-allow", "a.example"]), "mock")
+        server_config(build_parser().parse_args(["serve", "--mcp-allow", "a.example"]), "mock")
     with pytest.raises(StartupError, match="--tool-server"):
-        _config(build_parser().parse_args(["serve", "--tool-server", "ftp://x/"]), "mock")
+        server_config(build_parser().parse_args(["serve", "--tool-server", "ftp://x/"]), "mock")

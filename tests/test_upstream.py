@@ -345,7 +345,8 @@ def test_what_an_upstream_cannot_enforce_is_said_at_start_up_and_for_each_reques
 
 
 def test_the_guided_decoding_option_reaches_the_engine(tmp_path: Any) -> None:
-    from proxy.server.cli import build_parser, build_state
+    from proxy.server.arguments import build_parser
+    from proxy.server.startup import build_state
 
     def engine(*options: str) -> Any:
         args = build_parser().parse_args(["serve", "--upstream-url", "http://127.0.0.1:9/v1", "--no-store", *options])
