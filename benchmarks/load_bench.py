@@ -475,6 +475,7 @@ def main() -> None:
                     servers.append(Server(kinds[name], tokens_per_step, args.step_ms, script, args.server_cpu, logs))
             for server in servers:
                 server.wait_healthy()
+                server.settle()  # idle: with --workers, /health answers before every worker is up
             for index, concurrency in enumerate(args.concurrency):
                 # Each level starts with the next server, so that none is always measured first (or last).
                 turn = index % len(servers)
