@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from time import perf_counter
 
-from proxy.engines.base import Engine, EngineError, GenerationRequest, Step
+from proxy.engines.base import Engine, EngineError, EngineWrapper, GenerationRequest, Step
 from proxy.telemetry.request_record import note_admitted
 
 RETRY_AFTER_SECONDS = 1
@@ -91,26 +91,12 @@ class AdmissionQueue:
             self._on_change(self.active, len(self._waiting))
 
 
-class AdmittedEngine:
+class AdmittedEngine(EngineWrapper):
     """An engine whose requests go through an `AdmissionQueue` first."""
 
     def __init__(self, inner: Engine, queue: AdmissionQueue) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.queue = queue
-        self.name = inner.name
-
-    @property
-    def ready(self) -> bool:
-        return self.inner.ready
-
-    async def check_health(self) -> None:
-        await self.inner.check_health()
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
         arrived = perf_counter()

@@ -7,31 +7,9 @@ import threading
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 
-from proxy.engines.base import Engine, EngineError, GenerationRequest, Step
+from proxy.engines.base import Engine, EngineError, EngineWrapper, GenerationRequest, Step
 
-
-class Wrapper:
-    """Delegates everything to the wrapped engine."""
-
-    def __init__(self, inner: Engine) -> None:
-        self.inner = inner
-        self.name = inner.name
-
-    @property
-    def ready(self) -> bool:
-        return self.inner.ready
-
-    async def check_health(self) -> None:
-        await self.inner.check_health()
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-    def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
-        return self.inner.generate(request)
+Wrapper = EngineWrapper  # delegates everything to the wrapped engine
 
 
 class Recording(Wrapper):

@@ -136,3 +136,28 @@ class Engine(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
         """Stream the generated tokens of one request; closing the iterator cancels the request."""
         ...
+
+
+class EngineWrapper:
+    """An engine around another that adds something to its requests (admission, tracing, a test's recording):
+    everything but `generate` is the inner engine's, and so is `generate` until a wrapper overrides it."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    @property
+    def ready(self) -> bool:
+        return self.inner.ready
+
+    async def check_health(self) -> None:
+        await self.inner.check_health()
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
+        return self.inner.generate(request)

@@ -34,9 +34,8 @@ from proxy.ids import new_id
 from proxy.options import generation_request
 from proxy.outcome import Outcome
 from proxy.responses.compaction_items import compaction_item, kept_before_compaction, retained_messages, split_trigger
-from proxy.responses.hosted import offered_builtins
-from proxy.responses.input_tokens import rendered_prompt
-from proxy.responses.request import ResponsesRequest, read_responses_request, resolve
+from proxy.responses.input_tokens import read_resolved, rendered_prompt
+from proxy.responses.request import ResponsesRequest
 from proxy.responses.resource import usage_object
 from proxy.state import ServerState
 from tools.definitions import ToolChoice
@@ -144,13 +143,8 @@ async def compact_first(state: ServerState, parsed: ResponsesRequest, history: l
 async def compact_response(request: Request) -> Response:
     """`POST /v1/responses/compact`: stateless, nothing stored."""
     state: ServerState = request.app.state.harmony
-    config = state.config
-    parsed = await read_responses_request(
-        request, config.default_reasoning_effort, config.served_model_name, state.renderer.tools)
-    state.check_model(parsed.model)
-    parsed.hosted = await offered_builtins(parsed.hosted, state.tool_servers)
+    parsed, history, items = await read_resolved(request, state)
     state.require_ready()
-    history, items = await resolve(parsed, state.responses)
     items, _ = split_trigger(items)
     if not history and not items:
         raise APIError(400, "There is nothing to compact: send `input` or `previous_response_id`.", param="input")

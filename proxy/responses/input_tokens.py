@@ -21,14 +21,22 @@ from proxy.state import ServerState
 
 async def count_input_tokens(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
+    parsed, history, items = await read_resolved(request, state)
+    prompt = await rendered_prompt(state, parsed, history, items)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt)})
+
+
+async def read_resolved(request: Request, state: ServerState) -> tuple[ResponsesRequest, list[dict[str, Any]],
+                                                                       list[dict[str, Any]]]:
+    """A Responses body that generates nothing yet (counted, compacted): read, its model and built-in tools
+    checked, its history and item references looked up."""
     config = state.config
     parsed = await read_responses_request(
         request, config.default_reasoning_effort, config.served_model_name, state.renderer.tools)
     state.check_model(parsed.model)
     parsed.hosted = await offered_builtins(parsed.hosted, state.tool_servers)
     history, items = await resolve(parsed, state.responses)
-    prompt = await rendered_prompt(state, parsed, history, items)
-    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt)})
+    return parsed, history, items
 
 
 async def rendered_prompt(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],

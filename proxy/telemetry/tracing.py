@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from proxy.engines.base import Engine, GenerationRequest, Step
+from proxy.engines.base import EngineWrapper, GenerationRequest, Step
 from proxy.telemetry.request_record import current_record
 
 if TYPE_CHECKING:
@@ -234,27 +234,10 @@ def traced_store_operations(
     return observed
 
 
-class TracedEngine:
+class TracedEngine(EngineWrapper):
     """An engine whose requests open an `engine` span of the current request as they reach the engine (after
     admission), with the span's context in the request (`traceparent`). The generation ends the span
     (`RequestTrace.engine_ended`, from proxy/generation.py): nothing is added per step."""
-
-    def __init__(self, inner: Engine) -> None:
-        self.inner = inner
-        self.name = inner.name
-
-    @property
-    def ready(self) -> bool:
-        return self.inner.ready
-
-    async def check_health(self) -> None:
-        await self.inner.check_health()
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)  # what a particular engine offers besides (an upstream's router)
