@@ -23,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from proxy.responses.store import ResponseStore, StoredResponse
-from proxy.responses.store_postgres import PostgresResponseStore
-from proxy.responses.store_sqlite import SQLiteResponseStore
+from proxy.store.base import ResponseStore, StoredResponse
+from proxy.store.postgres import PostgresResponseStore
+from proxy.store.sqlite import SQLiteResponseStore
 
 OPERATIONS = ("save", "history", "load")
 

@@ -31,18 +31,18 @@ from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
 from proxy.responses import conversations
 from proxy.responses.compaction import compact_response
 from proxy.responses.input_tokens import count_input_tokens
-from proxy.responses.routes import (
+from proxy.responses.transport.routes import (
     cancel_response,
     create_response,
     delete_response,
     list_input_items,
     retrieve_response,
 )
-from proxy.responses.store import StoreUnavailable
-from proxy.responses.websocket import responses_socket
+from proxy.responses.transport.websocket import responses_socket
 from proxy.sse import KeepRawSend
 from proxy.state import ServerState
 from proxy.status import health, list_models, ready, retrieve_model
+from proxy.store.base import StoreUnavailable
 from proxy.telemetry.metrics import metrics_endpoint
 from proxy.telemetry.observer import RequestObserver
 
@@ -142,7 +142,7 @@ def create_app(
 async def _open_store(state: ServerState) -> None:
     """Connect the store (a database creates or migrates its schema). Background responses left unfinished by a
     server process that is gone will never finish: say so, now and while serving; also watch for cancels from
-    other processes (`proxy/responses/jobs.py`)."""
+    other processes (`proxy/responses/transport/jobs.py`)."""
     if state.responses is not None:
         try:
             await state.responses.open()

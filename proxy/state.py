@@ -13,12 +13,12 @@ from proxy.config import ServerConfig
 from proxy.draining import Draining
 from proxy.engines.base import Engine
 from proxy.errors import APIError, model_not_found
-from proxy.responses.jobs import BackgroundJobs
 from proxy.responses.sealing import Sealer, sealer_from
-from proxy.responses.store import ResponseStore
+from proxy.responses.transport.jobs import BackgroundJobs
 from proxy.server_tools.allow import McpAllowList
 from proxy.server_tools.builtin import ToolServers
 from proxy.server_tools.tool_cache import ToolListCache
+from proxy.store.base import ResponseStore
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.tracing import TracedRenderer
 from tools.cache import ToolCatalog

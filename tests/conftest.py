@@ -19,8 +19,8 @@ from proxy.config import ServerConfig
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
-from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
+from proxy.store.sqlite import SQLiteResponseStore
 from tests.grammars import session_matchers
 
 # The MCP servers' fixtures; a plugin module, because it needs LiveServer from here.

@@ -20,7 +20,7 @@ from proxy.engines.base import OutputConstraint
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
 from proxy.engines.upstream_constraints import GuidedDecoding
-from proxy.responses.request import IMAGE_NOTE
+from proxy.responses.request.parse import IMAGE_NOTE
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
 from tests.grammars import session_matchers

@@ -211,8 +211,8 @@ def test_a_stored_lone_surrogate_cannot_fail_a_get(serve: Callable[..., LiveServ
     """Saved before such text was refused: it reads back as U+FFFD rather than a 500 on every GET."""
     import asyncio
 
-    from proxy.responses.store import StoredResponse
-    from proxy.responses.store_sqlite import SQLiteResponseStore
+    from proxy.store.base import StoredResponse
+    from proxy.store.sqlite import SQLiteResponseStore
 
     path = tmp_path / "old.sqlite3"
     resource = {"id": "resp_old", "object": "response", "created_at": 1, "status": "completed", "model": MODEL,

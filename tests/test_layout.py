@@ -110,6 +110,8 @@ def upward(name: str, target: str) -> bool:
                                             for allowed in ENGINE_MAY_IMPORT)
     if within(name, "proxy.telemetry"):  # beside the path: it reads the record, never the APIs or the server
         return any(within(target, api) for api in (*APIS, "proxy.server"))
+    if within(name, "proxy.store"):  # beside the APIs: it keeps their records and imports none of them
+        return any(within(target, api) for api in (*APIS, "proxy.server"))
     if within(target, "proxy.server"):  # the process around everything: only the entry point starts it
         return not within(name, "proxy.server") and name != "proxy.__main__"
     return False
@@ -127,7 +129,7 @@ def test_the_graph_is_read() -> None:
     # a module-level import, a TYPE_CHECKING one and a function-local one are all seen
     assert "parsers.events" in edges["proxy.generation"]
     assert "proxy.outcome" in edges["proxy.telemetry.request_record"]
-    assert "proxy.responses.store_postgres" in edges["proxy.server.startup"]  # imported where --store-url asks for it
+    assert "proxy.store.postgres" in edges["proxy.server.startup"]  # imported where --store-url asks for it
     assert "proxy.server.cli" in edges["proxy.__main__"]
     assert any(target.startswith("tools.") for target in edges["parsers.render"])
 

@@ -21,7 +21,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel, TypeAdapter
 
 from proxy.engines.scripted import scripted_engine
-from proxy.responses.hosted_request import ApprovalPolicy, ToolFilter
+from proxy.responses.request.hosted_request import ApprovalPolicy, ToolFilter
 from proxy.server_tools.listing import McpTool
 from proxy.telemetry.access_log import redact_body
 from tests.conftest import MODEL, LiveServer

@@ -27,8 +27,8 @@ from proxy.engines.base import Engine, GenerationRequest, SamplingParams, Step
 from proxy.engines.scripted import scripted_engine
 from proxy.generation import tracked_steps
 from proxy.outcome import Outcome
-from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
+from proxy.store.sqlite import SQLiteResponseStore
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.request_record import ITL_BUCKETS, RequestRecord, current_record
 from tests.conftest import MODEL, LiveServer

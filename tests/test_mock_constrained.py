@@ -22,7 +22,7 @@ from proxy.chat.request import parse_chat_request
 from proxy.engines.base import GenerationRequest, OutputConstraint, SamplingParams, Step
 from proxy.engines.mock import MockModel, mock_engine
 from proxy.errors import APIError
-from proxy.responses.request import parse_responses_request
+from proxy.responses.request.parse import parse_responses_request
 from tests.conftest import MODEL, LiveServer
 from tests.grammars import session_matchers
 from tools.arguments import example_arguments

@@ -14,8 +14,8 @@ import httpx
 from proxy.app import create_app
 from proxy.config import ServerConfig
 from proxy.engines.mock import mock_engine
-from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
+from proxy.store.sqlite import SQLiteResponseStore
 from tests.conftest import LiveServer
 from tests.grammars import session_matchers
 from tests.test_store_processes import LONG, ServerProcess

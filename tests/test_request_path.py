@@ -24,7 +24,7 @@ from proxy.chat.schema import CHAT_REQUEST, MESSAGES
 from proxy.config import ServerConfig
 from proxy.engines.mock import mock_engine
 from proxy.errors import APIError
-from proxy.responses.request import parse_responses_request
+from proxy.responses.request.parse import parse_responses_request
 from proxy.state import ServerState
 from proxy.validation import LARGE_BODY_BYTES, compile_schema, decode_json_object
 from tests.conftest import FIXTURES, MODEL, LiveServer

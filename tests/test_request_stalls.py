@@ -16,7 +16,7 @@ import pytest
 from proxy.chat.request import parse_chat_request
 from proxy.completions import _REQUEST as COMPLETIONS
 from proxy.errors import APIError
-from proxy.responses.request import parse_responses_request
+from proxy.responses.request.parse import parse_responses_request
 from proxy.validation import check
 from tests.conftest import MODEL
 from tests.test_store_processes import ServerProcess

@@ -16,8 +16,8 @@ import pytest
 from proxy.engines.base import EngineError
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
-from proxy.responses.store import StoredResponse
-from proxy.responses.store_sqlite import SQLiteResponseStore
+from proxy.store.base import StoredResponse
+from proxy.store.sqlite import SQLiteResponseStore
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Failing, Recording
 from tests.grammars import session_matchers

@@ -60,8 +60,8 @@ from parsers.vocab import Vocab
 from proxy.app import create_app
 from proxy.config import ServerConfig
 from proxy.engines.scripted import scripted_engine
-from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
+from proxy.store.sqlite import SQLiteResponseStore
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER, WEATHER
 

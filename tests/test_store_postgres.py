@@ -21,10 +21,10 @@ import httpx
 import psycopg
 import pytest
 
-from proxy.responses import store_postgres as postgres_store
-from proxy.responses import store_sqlite as sqlite_store
-from proxy.responses.store_postgres import PostgresResponseStore
-from proxy.responses.store_sqlite import SQLiteResponseStore
+from proxy.store import postgres as postgres_store
+from proxy.store import sqlite as sqlite_store
+from proxy.store.postgres import PostgresResponseStore
+from proxy.store.sqlite import SQLiteResponseStore
 from tests.conftest import MODEL
 from tests.postgres import PostgresServer
 from tests.test_store_processes import LONG, ROOT, ServerProcess, _text, stream_resumed_from_another

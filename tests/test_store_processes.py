@@ -24,10 +24,10 @@ import openai
 import psycopg
 import pytest
 
-from proxy.responses.jobs import BackgroundJobs
-from proxy.responses.store import ResponseStore, StoredResponse
-from proxy.responses.store_postgres import PostgresResponseStore
-from proxy.responses.store_sqlite import SQLiteResponseStore
+from proxy.responses.transport.jobs import BackgroundJobs
+from proxy.store.base import ResponseStore, StoredResponse
+from proxy.store.postgres import PostgresResponseStore
+from proxy.store.sqlite import SQLiteResponseStore
 from tests.conftest import MODEL
 from tests.test_responses_resume import same_stream
 

@@ -34,8 +34,8 @@ from proxy.app import create_app
 from proxy.config import ServerConfig
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
-from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.state import ServerState
+from proxy.store.sqlite import SQLiteResponseStore
 from proxy.telemetry.tracing import TracedEngine, traced_store_operations, tracer_from_environment, tracing_requested
 from tests.conftest import MODEL, LiveServer
 from tests.fake_upstreams import fake_upstream

@@ -1,4 +1,4 @@
-"""The Responses API over WebSocket (proxy/responses/websocket.py), end to end: the openai SDK's
+"""The Responses API over WebSocket (proxy/responses/transport/websocket.py), end to end: the openai SDK's
 `responses.connect()`, Codex's message shapes, openai-agents' WebSocket transport, and a raw client for errors,
 lanes, cancelling, limits and auth."""
 

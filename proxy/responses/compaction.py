@@ -35,8 +35,8 @@ from proxy.options import generation_request
 from proxy.outcome import Outcome
 from proxy.responses.compaction_items import compaction_item, kept_before_compaction, retained_messages, split_trigger
 from proxy.responses.input_tokens import read_resolved, rendered_prompt
-from proxy.responses.request import ResponsesRequest
-from proxy.responses.resource import usage_object
+from proxy.responses.output.resource import usage_object
+from proxy.responses.request.parse import ResponsesRequest
 from proxy.state import ServerState
 from tools.definitions import ToolChoice
 

@@ -3,7 +3,7 @@
 A conversation is an ordered list of items. Clients add items themselves (`POST .../items`, as openai-agents'
 `OpenAIConversationsSession` does), or name the conversation in `POST /v1/responses`: its items come before the
 request's input, and the response's input and output items are added to it when the response ends, in the same
-store transaction as the response's final save (`proxy/responses/store.py`).
+store transaction as the response's final save (`proxy/store/base.py`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
-from proxy.responses.pages import page, page_query
-from proxy.responses.request import conversation_not_found, normalize_items, refuse_duplicates, resolve_references
-from proxy.responses.schema import INCLUDABLE
-from proxy.responses.store import DuplicateItem, ResponseStore
+from proxy.responses.request.pages import page, page_query
+from proxy.responses.request.parse import conversation_not_found, normalize_items, refuse_duplicates, resolve_references
+from proxy.responses.request.schema import INCLUDABLE
 from proxy.state import ServerState
+from proxy.store.base import DuplicateItem, ResponseStore
 from proxy.validation import METADATA, check, compile_schema, read_json_object
 
 MAX_ITEMS_PER_REQUEST = 20  # as OpenAI: "You may add up to 20 items at a time."

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.errors import APIError, invalid_request
-from proxy.responses.hosted_request import HostedRequest, McpRequest
+from proxy.responses.request.hosted_request import HostedRequest, McpRequest
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused
 from proxy.server_tools.builtin import BROWSER, BuiltinTool, ToolServers
 from proxy.server_tools.connect import McpServerError

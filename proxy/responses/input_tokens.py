@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.responses.hosted import offered_builtins
 from proxy.responses.hosted import resolve as resolve_hosted
-from proxy.responses.request import ResponsesRequest, prompt_for, read_responses_request, resolve
+from proxy.responses.request.parse import ResponsesRequest, prompt_for, read_responses_request, resolve
 from proxy.server_tools.limits import McpLimits
 from proxy.server_tools.sessions import McpSessions
 from proxy.state import ServerState

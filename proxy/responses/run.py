@@ -2,7 +2,7 @@
 
 `ResponseRun.batches()` yields the streaming events of each engine step, `response.created` first and the
 terminal event (`response.completed`, `.incomplete` or `.failed`) last; text deltas are `(item, text)` tuples
-for `proxy/responses/frames.py` to write. A non-streamed or background response consumes the same events
+for `proxy/responses/transport/frames.py` to write. A non-streamed or background response consumes the same events
 through `events()`, which leaves the deltas out (the items hold their text), so all three give the same
 response object.
 
@@ -24,12 +24,12 @@ from parsers.events import Event
 from proxy.disconnect import close_shielded
 from proxy.engines.base import EngineError
 from proxy.outcome import Outcome
-from proxy.responses.frames import EventWriter
-from proxy.responses.output import Payload, ResponseOutput, TextDelta
-from proxy.responses.request import ResponsesRequest
-from proxy.responses.resource import response_object
-from proxy.responses.server_output import ToolEvent
-from proxy.responses.store import StoredResponse, StoreUnavailable
+from proxy.responses.output.fold import Payload, ResponseOutput, TextDelta
+from proxy.responses.output.resource import response_object
+from proxy.responses.output.server_output import ToolEvent
+from proxy.responses.request.parse import ResponsesRequest
+from proxy.responses.transport.frames import EventWriter
+from proxy.store.base import StoredResponse, StoreUnavailable
 
 # The parser's events of each engine step; with server-side tools, also the tool loop's (proxy/responses/tool_loop.py).
 logger = logging.getLogger("harmony_proxy")

@@ -15,7 +15,7 @@ generate again, until the model answers, calls a client function, or asks for an
 - Cancelling (a client that leaves, a background response cancelled) cancels this generator where it waits: the
   engine request is aborted, or the tool call is cancelled and the MCP sessions closed, which tells the server.
 
-The events are the parser's, and `ToolEvent`s (`proxy/responses/server_output.py`) for the output fold; the fold
+The events are the parser's, and `ToolEvent`s (`proxy/responses/output/server_output.py`) for the output fold; the fold
 says which call the completion ended with (`ResponseOutput.server_call`), having seen every event first.
 """
 
@@ -35,9 +35,9 @@ from proxy.generation import parsed_events
 from proxy.options import GenerationOptions, generation_request
 from proxy.outcome import Outcome
 from proxy.responses.hosted import APPROVAL, CODE, MCP, CallTarget, HostedTools
-from proxy.responses.output import ResponseOutput
-from proxy.responses.server_items import PendingApproval
-from proxy.responses.server_output import ApprovedCall, CallResult, ToolEvent, ToolsListed
+from proxy.responses.output.fold import ResponseOutput
+from proxy.responses.output.server_items import PendingApproval
+from proxy.responses.output.server_output import ApprovedCall, CallResult, ToolEvent, ToolsListed
 from proxy.server_tools.connect import McpServerError
 from proxy.server_tools.headers import ServerHeaders
 from proxy.server_tools.output import ToolOutput

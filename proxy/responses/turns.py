@@ -19,7 +19,7 @@ from typing import Any
 from parsers.continuation import Rendered, extend, first
 from parsers.conversation import Item, ToolCall
 from parsers.render import Renderer
-from proxy.responses.request import ResponsesRequest, conversation_of, prompt_with
+from proxy.responses.request.parse import ResponsesRequest, conversation_of, prompt_with
 from proxy.responses.sealing import Sealer
 from tools.cache import BoundedCache
 
@@ -98,7 +98,7 @@ def _plain(items: list[dict[str, Any]]) -> bool:
 
 def _ends_unphased(items: list[dict[str, Any]]) -> bool:
     """An input ending in an assistant message without `phase` is a preamble or not by what follows it
-    (proxy/responses/request.py `_is_preamble`): what the next turn adds may change how it renders."""
+    (proxy/responses/request/parse.py `_is_preamble`): what the next turn adds may change how it renders."""
     for item in reversed(items):
         if item["type"] != "reasoning":
             return item["type"] == "message" and item.get("role") == "assistant" and item.get("phase") is None

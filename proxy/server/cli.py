@@ -148,7 +148,7 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
             "log_level": args.log_level, "timeout_graceful_shutdown": args.shutdown_timeout,
             "timeout_keep_alive": limits.keep_alive_timeout,
             "access_log": False,  # ours (proxy/telemetry/access_log.py) has the request id, tokens and timings
-            # WebSocket (proxy/responses/websocket.py): the websockets library, its pings, and a message as
+            # WebSocket (proxy/responses/transport/websocket.py): the websockets library, its pings, and a message as
             # large as an HTTP body may be (a larger one closes the connection with 1009).
             "ws": "websockets-sansio", "ws_ping_interval": args.ws_ping_interval,
             "ws_ping_timeout": args.ws_ping_timeout, "ws_max_size": MAX_BODY_BYTES}

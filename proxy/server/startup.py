@@ -30,8 +30,6 @@ from proxy.engines.trtllm_args import (
     llm_arguments,
 )
 from proxy.responses.sealing import MIN_SECRET_CHARS
-from proxy.responses.store import OnOperation, ResponseStore
-from proxy.responses.store_sqlite import SQLiteResponseStore
 from proxy.server.arguments import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONTEXT,
@@ -44,6 +42,8 @@ from proxy.server.arguments import (
 )
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
+from proxy.store.base import OnOperation, ResponseStore
+from proxy.store.sqlite import SQLiteResponseStore
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.tracing import TracedEngine, traced_store_operations, tracer_from_environment
 
@@ -95,7 +95,7 @@ def open_store(args: argparse.Namespace, on_operation: OnOperation) -> ResponseS
             raise StartupError("--store-url and --store-path name two stores: give one")
         if not args.store_url.startswith(("postgresql://", "postgres://")):
             raise StartupError("--store-url takes a PostgreSQL URL: postgresql://user:password@host:port/database")
-        from proxy.responses.store_postgres import PostgresResponseStore  # psycopg, loaded only when used
+        from proxy.store.postgres import PostgresResponseStore  # psycopg, loaded only when used
 
         return PostgresResponseStore(args.store_url, on_operation)
     path = args.store_path or default_store_path()

@@ -4,7 +4,8 @@ Several server processes (`--workers`) can share one store; a background respons
 it, which owns it in the store (the store records the owner and a heartbeat). The owner saves the response on each
 finished output item and at least every PROGRESS_EVERY seconds, with its streaming events since the last save, so a
 GET on any process shows the progress, and a streamed GET replays and follows the events
-(`proxy/responses/resume.py`). Another process cancels (or deletes) it by recording a cancel request; the owner
+(`proxy/responses/transport/resume.py`).
+Another process cancels (or deletes) it by recording a cancel request; the owner
 polls for those every POLL_EVERY seconds, cancels the job (its engine request is aborted) and saves it, while the
 other process waits for the store to show it ended. The owner renews its heartbeat every lease / 5; at start and
 every lease / 2, each process ends the unfinished responses whose owner's heartbeat is older than the lease (its
@@ -22,7 +23,7 @@ import time
 from typing import Any
 
 from proxy.responses.run import ResponseRun
-from proxy.responses.store import UNFINISHED, ResponseStore, StoredResponse, StoreUnavailable
+from proxy.store.base import UNFINISHED, ResponseStore, StoredResponse, StoreUnavailable
 from proxy.telemetry.request_record import run_detached
 
 logger = logging.getLogger("harmony_proxy")

@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 
-from proxy.responses.output import Payload, TextDelta
+from proxy.responses.output.fold import Payload, TextDelta
 
 
 class EventWriter:

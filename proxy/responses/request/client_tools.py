@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.errors import invalid_request
-from proxy.responses.schema import CUSTOM_TOOL, FUNCTION_TOOL, NAMESPACE_TOOL, REFUSED_TOOLS
+from proxy.responses.request.schema import CUSTOM_TOOL, FUNCTION_TOOL, NAMESPACE_TOOL, REFUSED_TOOLS
 from proxy.validation import check, compile_schema
 from tools.cache import ToolCatalog
 from tools.definitions import FunctionTool, ToolError, check_unique, declaration_key, namespace_error

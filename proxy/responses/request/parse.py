@@ -28,13 +28,13 @@ from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
 from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
-from proxy.responses.client_tools import CLIENT_TOOL_TYPES, read_client_tools
 from proxy.responses.compaction_items import SUMMARY_HEADING, kept_before_compaction, latest_compaction, summary_text
-from proxy.responses.hosted_request import MAX_SERVER_TOOLS, HostedRequest, split_server_tools
-from proxy.responses.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
+from proxy.responses.output.server_items import ID_PREFIXES, ServerItems
+from proxy.responses.request.client_tools import CLIENT_TOOL_TYPES, read_client_tools
+from proxy.responses.request.hosted_request import MAX_SERVER_TOOLS, HostedRequest, split_server_tools
+from proxy.responses.request.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.sealing import Sealer
-from proxy.responses.server_items import ID_PREFIXES, ServerItems
-from proxy.responses.store import ResponseStore
+from proxy.store.base import ResponseStore
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
 from tools.cache import ToolCatalog
 from tools.definitions import (
@@ -373,7 +373,7 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
                                            call.namespace))
         elif kind == "additional_tools":
             continue  # its tools are declared with the request's own (client_tools.py)
-        else:  # the items of tools the server ran (proxy/responses/server_items.py)
+        else:  # the items of tools the server ran (proxy/responses/output/server_items.py)
             conversation += server_items.read(item)
     return conversation
 

@@ -7,7 +7,7 @@ the final response object holds.
 
 The token path is hot: a text delta is a `(item, text)` tuple, the texts of one engine step for the same item
 are one delta, and each item renders the start of its delta events once (`delta_prefixes`), so a delta costs
-one JSON string escape when it is written (`proxy/responses/frames.py`).
+one JSON string escape when it is written (`proxy/responses/transport/frames.py`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from parsers.events import Event, ItemDone, ItemKind, ItemStarted
-from proxy.responses import server_output
 from proxy.responses.hosted import HostedTools
-from proxy.responses.item import Item, Payload, TextDelta
-from proxy.responses.server_output import ApprovedCall, CallResult, ServerCall, ToolEvent, ToolsListed
+from proxy.responses.output import server_output
+from proxy.responses.output.server_output import ApprovedCall, CallResult, ServerCall, ToolEvent, ToolsListed
+from proxy.responses.request.item import Item, Payload, TextDelta
 
 # Seals a reasoning item's analysis (its token ids, or its text when the tokens are not known) into
 # `encrypted_content` (proxy/responses/sealing.py).

@@ -18,27 +18,27 @@ from proxy.options import generation_request, routing_hints
 from proxy.outcome import Outcome
 from proxy.responses.compaction import compact_first
 from proxy.responses.compaction_items import split_trigger
-from proxy.responses.frames import EventWriter
 from proxy.responses.hosted import HostedTools, offered_builtins
 from proxy.responses.hosted import resolve as resolve_hosted
-from proxy.responses.output import ResponseOutput
-from proxy.responses.pages import page, page_query
-from proxy.responses.request import (
+from proxy.responses.output.fold import ResponseOutput
+from proxy.responses.output.server_items import pending_approvals
+from proxy.responses.request.pages import page, page_query
+from proxy.responses.request.parse import (
     ResponsesRequest,
     offer_earlier_tools,
     prompt_for,
     read_responses_request,
     resolve,
 )
-from proxy.responses.resume import resumed_frames, starting_after
 from proxy.responses.run import ResponseRun, RunEvents, Save
-from proxy.responses.server_items import pending_approvals
-from proxy.responses.store import UNFINISHED, StoredResponse
 from proxy.responses.tool_loop import ToolLoop
+from proxy.responses.transport.frames import EventWriter
+from proxy.responses.transport.resume import resumed_frames, starting_after
 from proxy.server_tools.limits import McpLimits
 from proxy.server_tools.sessions import McpSessions
 from proxy.sse import EventStream
 from proxy.state import ServerState
+from proxy.store.base import UNFINISHED, StoredResponse
 from proxy.telemetry.request_record import current_record
 
 

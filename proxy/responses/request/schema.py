@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.responses.server_items import SERVER_ITEMS
+from proxy.responses.output.server_items import SERVER_ITEMS
 from proxy.validation import METADATA
 
 _NULLABLE_BOOL = {"type": ["boolean", "null"]}
@@ -102,7 +102,7 @@ ITEMS: dict[str, dict[str, Any]] = {
         "type": {"const": "compaction"}, "id": {"type": ["string", "null"]}, "encrypted_content": _STRING,
         "created_by": {"type": ["string", "null"]}}),
     "compaction_trigger": _object([], {"type": {"const": "compaction_trigger"}, "id": {"type": ["string", "null"]}}),
-    # Items of the tools the server runs, replayed (proxy/responses/server_items.py).
+    # Items of the tools the server runs, replayed (proxy/responses/output/server_items.py).
     **SERVER_ITEMS,
 }
 # Codex's bookkeeping (turn id, time, what the text is) on every item it sends to a provider named "OpenAI" (the
@@ -238,7 +238,8 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
                        "additionalProperties": False},
     "background": _NULLABLE_BOOL,
     "truncation": {"enum": ["disabled", None]},
-    # `code_interpreter_call.outputs` adds the python tool's output to its calls (proxy/responses/server_output.py);
+    # `code_interpreter_call.outputs` adds the python tool's output to its calls
+    # (proxy/responses/output/server_output.py);
     # the other built-in tools' extras are never produced here, so asking for them includes nothing; logprobs are
     # refused in request.py.
     "include": {"type": ["array", "null"], "items": {"enum": INCLUDABLE}},

@@ -1,7 +1,7 @@
 """`GET /v1/responses/{id}?stream=true[&starting_after=N]`: a background response's streaming events, resumed.
 
 A background run saves its events (as SSE frames, numbered as a streamed create numbers them) with its progress
-(`proxy/responses/jobs.py`), so any process sharing the store replays them, those after `starting_after` only,
+(`proxy/responses/transport/jobs.py`), so any process sharing the store replays them, those after `starting_after` only,
 then polls the store for more until the response has ended. Once the store shows it ended, the events read after
 are all there are (the final save writes both at once), so the stream ends after them. The poll stops when the
 client leaves (the stream is cancelled).
@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator
 from starlette.datastructures import QueryParams
 
 from proxy.errors import invalid_request
-from proxy.responses.store import UNFINISHED, ResponseStore
+from proxy.store.base import UNFINISHED, ResponseStore
 
 POLL_EVERY = 0.1  # seconds between looks for new events while the response runs
 

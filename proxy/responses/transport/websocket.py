@@ -1,7 +1,7 @@
 """The Responses API over WebSocket: `GET /v1/responses` upgraded, `response.create` messages in, the events
 of `POST /v1/responses` streamed out (one text message each, with the same `sequence_number`s), turn after turn.
 
-A create is parsed, checked, run and stored by the same code as over HTTP (proxy/responses/routes.py); what is
+A create is parsed, checked, run and stored by the same code as over HTTP (proxy/responses/transport/routes.py); what is
 the connection's own: its turns (proxy/responses/turns.py: `previous_response_id` with `store: false`, and a
 prompt that extends the last turn's tokens), its lanes (`stream_id`: creates of one lane run one after another,
 lanes side by side; no `stream_id` is a lane too), and OpenAI's limits: 16 responses active or queued, 32 named
@@ -29,10 +29,10 @@ from proxy.auth import KEY_SUBPROTOCOL
 from proxy.engines.base import EngineError
 from proxy.errors import APIError, from_engine, invalid_request
 from proxy.responses import turns
-from proxy.responses.frames import EventWriter
-from proxy.responses.request import offer_earlier_tools, parse_responses_request, resolve
-from proxy.responses.routes import check_create, new_run, prewarm_run
+from proxy.responses.request.parse import offer_earlier_tools, parse_responses_request, resolve
 from proxy.responses.run import ResponseRun
+from proxy.responses.transport.frames import EventWriter
+from proxy.responses.transport.routes import check_create, new_run, prewarm_run
 from proxy.state import ServerState
 from proxy.telemetry.observer import publish
 from proxy.telemetry.request_record import RequestRecord, current_record, request_id_from

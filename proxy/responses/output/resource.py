@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.engines.base import Usage
-from proxy.responses.request import ResponsesRequest
+from proxy.responses.request.parse import ResponsesRequest
 
 # The engine's sampling defaults (gpt-oss's generation config), reported when a request sets none.
 DEFAULT_TEMPERATURE = 1.0

@@ -1,6 +1,6 @@
 """Output items of the tools the server runs, and their streamed events, in the shapes of the openai SDK's types.
 
-The fold (`proxy/responses/output.py`) calls these at each point of an item's life; the tool loop adds the
+The fold (`proxy/responses/output/fold.py`) calls these at each point of an item's life; the tool loop adds the
 `ToolEvent`s (a server's tools listed, a call's result, a call the client approved). Per kind, in order:
 
 - `mcp_list_tools`: `output_item.added` (no tools yet), `mcp_list_tools.in_progress`, `.completed`,
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.responses.hosted import APPROVAL, CODE, MCP, WEB_SEARCH, CallTarget
-from proxy.responses.item import Item, Payload
+from proxy.responses.request.item import Item, Payload
 from proxy.server_tools.output import ToolOutput
 from proxy.server_tools.session import parse_arguments
 

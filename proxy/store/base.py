@@ -8,7 +8,8 @@ one, never half of one, and nothing is acknowledged before it is committed.
 
 Each store instance is an owner (a per-process token): an unfinished (queued or in-progress) response it saves
 is recorded in `jobs` as its own, with a heartbeat that it renews while it runs the response, and a flag other
-processes set to ask for a cancel. `proxy/responses/jobs.py` says how the owner and the other processes use them.
+processes set to ask for a cancel.
+`proxy/responses/transport/jobs.py` says how the owner and the other processes use them.
 Each backend creates its schema and migrates an older one through its numbered list of `MIGRATIONS`.
 """
 

@@ -20,7 +20,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from proxy.responses.store import (
+from proxy.store.base import (
     UNFINISHED,
     DuplicateItem,
     OnOperation,

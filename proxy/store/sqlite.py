@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from proxy.responses.store import (
+from proxy.store.base import (
     UNFINISHED,
     DuplicateItem,
     OnOperation,

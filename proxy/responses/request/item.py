@@ -1,5 +1,5 @@
-"""One output item of a response as the fold builds it (`Item`), shared by the fold (`proxy/responses/output.py`)
-and the server tools' items (`proxy/responses/server_output.py`)."""
+"""One output item of a response as the fold builds it (`Item`), shared by the fold (`proxy/responses/output/fold.py`)
+and the server tools' items (`proxy/responses/output/server_output.py`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class Item:
     def __init__(self, index: int, body: dict[str, Any], kind: ItemKind, target: CallTarget | None = None) -> None:
         self.index, self.body, self.kind, self.pieces = index, body, kind, []
         self.delta_prefixes: tuple[bytes, ...] = ()  # each delta event's frame up to the delta text
-        self.target = target  # what a server call calls (proxy/responses/server_output.py)
+        self.target = target  # what a server call calls (proxy/responses/output/server_output.py)
 
     @property
     def text(self) -> str:
