@@ -62,9 +62,10 @@ def refuse_tool_choice_types(value: Any, accepted: tuple[str, ...] = ("function"
         )
 
 
-# Harmony has three reasoning levels; the APIs' six efforts map onto them. gpt-oss always reasons, so `none` and
-# `minimal` get its shortest reasoning, and `xhigh` its longest.
-HARMONY_EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+# Harmony has three reasoning levels; the APIs' seven efforts map onto them. gpt-oss always reasons, so `none` and
+# `minimal` get its shortest reasoning, and `xhigh` and `max` its longest.
+HARMONY_EFFORT = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high",
+                  "max": "high"}
 API_EFFORTS = list(HARMONY_EFFORT)
 
 # `verbosity` (text.verbosity, or Chat's verbosity): gpt-oss has no control of its own, so low and high become one

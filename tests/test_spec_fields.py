@@ -1,8 +1,9 @@
 """Every request field the installed openai SDK documents is accepted, or refused with a reason: never
 "Unrecognized request argument".
 
-The SDK's request types are walked (the TypedDicts of `chat.completions.create` and `responses.create`, their
-messages, input items, tools and options): each field is sent with a plausible value, and as null wherever the
+The SDK's request types are walked (the TypedDicts of `chat.completions.create`, `responses.create` and the beta
+`beta.responses.create`, their messages, input items, tools and options): each field is sent with a plausible
+value, and as null wherever the
 type allows null. A field the SDK adds later fails `test_every_sdk_field_is_classified` until someone decides
 whether it is accepted or refused here (and says so in the README).
 """
@@ -16,6 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
+from openai.types.beta import BetaResponseConfigurationUpdateItemParamParam, BetaToolParam, BetaToolSearchToolParam
+from openai.types.beta import response_create_params as beta_params
+from openai.types.beta.beta_response_input_item_param import BetaResponseInputItemParam
 from openai.types.chat import (
     ChatCompletionAssistantMessageParam,
     ChatCompletionContentPartParam,
@@ -35,6 +39,7 @@ from openai.types.responses import (
     CustomToolParam,
     EasyInputMessageParam,
     FunctionToolParam,
+    ResponseConfigurationUpdateItemParamParam,
     ResponseCustomToolCallOutputParam,
     ResponseCustomToolCallParam,
     ResponseFunctionToolCallParam,
@@ -47,6 +52,7 @@ from openai.types.responses import (
     ResponseTextConfigParam,
     ToolChoiceCustomParam,
     ToolParam,
+    ToolSearchToolParam,
     namespace_tool_param,
     response_input_item_param,
 )
@@ -86,6 +92,7 @@ ADDITIONAL = {"type": "additional_tools", "role": "developer", "tools": [TOOL]}
 CUSTOM = {"type": "custom", "name": "apply_patch"}
 CUSTOM_CALL = {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch", "input": "*** Begin Patch"}
 CUSTOM_OUTPUT = {"type": "custom_tool_call_output", "call_id": "call_2", "output": "done"}
+UPDATE = {"type": "configuration_update", "reasoning": {"effort": "high"}}
 
 
 @dataclass(frozen=True)
@@ -313,24 +320,75 @@ SURFACES = [
         "responses prompt_cache_options", responses_params.PromptCacheOptions, RESPONSES, {},
         lambda options: {"input": "Hi", "prompt_cache_options": options},
         {"comparison_response_id": "resp_123", "mode": "explicit", "ttl": "12h", "prewarm": True},
-        refused={"prewarm": "every request generates here"},
     ),
     Surface(
         "background_options", responses_params.BackgroundOptions, RESPONSES, {},
         lambda options: {"input": "Hi", "background": True, "background_options": options},
         {"completion_window": "2h", "continuation_id": "batch-7"},
     ),
+    # The beta API (`client.beta.responses`): the same request, and what it adds.
+    Surface(
+        "beta.responses.create", beta_params.ResponseCreateParamsNonStreaming, RESPONSES, {"input": "Hi"},
+        lambda body: body,
+        {"input": [QUESTION], "model": MODEL, "access_programs": {"cyber": "standard"}, "background": True,
+         "background_options": {"completion_window": "soonest"},
+         "context_management": [{"type": "compaction", "compact_threshold": 100000}], "conversation": CONVERSATION,
+         "image": {"context_compression": "auto"}, "include": ["reasoning.encrypted_content"],
+         "instructions": "Be brief.", "max_output_tokens": 64, "max_tool_calls": 1, "metadata": {"team": "a"},
+         "moderation": {"model": "omni-moderation-latest"}, "parallel_tool_calls": False,
+         "previous_response_id": PREVIOUS, "prompt": {"id": "pmpt_123"}, "prompt_cache_key": "weather",
+         "prompt_cache_options": {"mode": "implicit", "ttl": "30m"}, "prompt_cache_retention": "in_memory",
+         "reasoning": {"effort": "low"}, "safety_identifier": "user-1", "service_tier": "priority", "store": False,
+         "stream": True, "stream_options": {"include_obfuscation": False}, "temperature": 0.7,
+         "text": {"verbosity": "medium"}, "tool_choice": "auto", "tools": [TOOL], "top_logprobs": 0, "top_p": 0.9,
+         "truncation": "disabled", "user": "user-1", "multi_agent": {"enabled": False}},
+        refused={"moderation": "no moderation model runs here", "prompt": "no stored prompt templates"},
+    ),
+    Surface(
+        "beta reasoning", beta_params.Reasoning, RESPONSES, {},
+        lambda reasoning: {"input": "Hi", "reasoning": reasoning},
+        {"context": "all_turns", "effort": "max", "generate_summary": "auto", "mode": "standard", "summary": "auto"},
+    ),
+    Surface(
+        "beta multi_agent", beta_params.MultiAgent, RESPONSES, {"enabled": False},
+        lambda options: {"input": "Hi", "multi_agent": options}, {"enabled": False, "max_concurrent_subagents": 3},
+    ),
+    Surface(
+        "tool_search tool", ToolSearchToolParam, RESPONSES, {"type": "tool_search"},
+        lambda tool: {"input": "Hi", "tools": [TOOL, tool]},
+        {"type": "tool_search", "description": "Find tools.", "execution": "client",
+         "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}},
+    ),
+    Surface(
+        "beta tool_search tool", BetaToolSearchToolParam, RESPONSES, {"type": "tool_search"},
+        lambda tool: {"input": "Hi", "tools": [TOOL, tool]},
+        {"type": "tool_search", "description": "Find tools.", "execution": "server", "parameters": None},
+    ),
+    Surface(
+        "configuration_update item", ResponseConfigurationUpdateItemParamParam, RESPONSES, UPDATE,
+        lambda item: {"input": [QUESTION, item]},
+        {**UPDATE, "id": "cfg_1", "text": {"format": {"type": "json_schema", "name": "weather", "schema": SCHEMA}}},
+    ),
+    Surface(
+        "beta configuration_update item", BetaResponseConfigurationUpdateItemParamParam, RESPONSES, UPDATE,
+        lambda item: {"input": [QUESTION, item]},
+        {**UPDATE, "id": "cfg_1", "agent": {"agent_name": "root"}, "text": {"format": {"type": "text"}}},
+    ),
 ]
 BY_NAME = {surface.name: surface for surface in SURFACES}
 
 
 def fields(sdk_type: type) -> set[str]:
-    return set(sdk_type.__required_keys__) | set(sdk_type.__optional_keys__)  # type: ignore[attr-defined]
+    """The body fields of a request type: those the SDK sends as a header (`betas`: `OpenAI-Beta`) left out."""
+    every = set(sdk_type.__required_keys__) | set(sdk_type.__optional_keys__)  # type: ignore[attr-defined]
+    hints = typing.get_type_hints(sdk_type, include_extras=True)
+    return {name for name in every if not any(str(getattr(extra, "alias", "")).startswith("openai-")
+                                              for extra in getattr(hints[name], "__metadata__", ()))}
 
 
 def nullable(sdk_type: type) -> set[str]:
     hints = typing.get_type_hints(sdk_type)
-    return {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
+    return {name for name, hint in hints.items() if type(None) in typing.get_args(hint) and name in fields(sdk_type)}
 
 
 @pytest.fixture(scope="module")
@@ -396,11 +454,11 @@ REFUSED_VALUES = [
         "mode": "auto", "tools": [{"type": "function", "function": {"name": "get_weather"}}]}}), "tool_choice.type"),
     (CHAT, chat([QUESTION], tool_choice={"type": "custom", "custom": {"name": "grammar"}}), "tool_choice.type"),
     (RESPONSES, {"input": "Hi", "reasoning": {"mode": "pro"}}, "reasoning.mode"),
-    (RESPONSES, {"input": "Hi", "reasoning": {"context": "all_turns"}}, "reasoning.context"),
     (RESPONSES, {"input": "Hi", "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]},
      "include[1]"),
     (RESPONSES, {"input": "Hi", "tools": [{**TOOL, "allowed_callers": ["programmatic"]}]}, "tools[0].allowed_callers"),
     (RESPONSES, {"input": "Hi", "tools": [{**TOOL, "async": True}]}, "tools[0].async"),
+    (RESPONSES, {"input": "Hi", "multi_agent": {"enabled": True}}, "multi_agent"),
     (RESPONSES, {"input": "Hi", "tools": [TOOL],
                  "tool_choice": {"type": "allowed_tools", "mode": "required",
                                  "tools": [{"type": "function", "name": "get_weather"}]}},
@@ -455,16 +513,22 @@ class Kinds:
     param: str  # where the refusal points
 
 
-KINDS = [
-    Kinds("responses tools", ToolParam, RESPONSES,
-          frozenset({"function", "custom", "namespace", "mcp", "web_search", "web_search_2025_08_26",
-                     "web_search_preview", "web_search_preview_2025_03_11", "code_interpreter"}),
-          lambda kind: {"input": "Hi", "tools": [{"type": kind}]}, "tools[0].type"),
-    Kinds("responses input items", ResponseInputItemParam, RESPONSES,
-          frozenset({"message", "reasoning", "function_call", "function_call_output", "item_reference",
+KINDS_SERVED_TOOLS = frozenset({"function", "custom", "namespace", "tool_search", "mcp", "web_search",
+                                "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11",
+                                "code_interpreter"})
+KINDS_SERVED_ITEMS = frozenset({"message", "reasoning", "function_call", "function_call_output", "item_reference",
                      "additional_tools", "custom_tool_call", "custom_tool_call_output",
                      "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response", "web_search_call",
-                     "code_interpreter_call", "compaction", "compaction_trigger"}),
+                     "code_interpreter_call", "compaction", "compaction_trigger", "configuration_update"})
+KINDS = [
+    Kinds("responses tools", ToolParam, RESPONSES, KINDS_SERVED_TOOLS,
+          lambda kind: {"input": "Hi", "tools": [{"type": kind}]}, "tools[0].type"),
+    Kinds("responses input items", ResponseInputItemParam, RESPONSES, KINDS_SERVED_ITEMS,
+          lambda kind: {"input": [QUESTION, {"type": kind}]}, "input[1].type"),
+    Kinds("beta responses tools", BetaToolParam, RESPONSES, KINDS_SERVED_TOOLS,
+          lambda kind: {"input": "Hi", "tools": [{"type": kind}]}, "tools[0].type"),
+    Kinds("beta responses input items", BetaResponseInputItemParam, RESPONSES,
+          KINDS_SERVED_ITEMS | {"agent_message"},  # agent_message: Codex's sub-agents, issue 27's branch `codex`
           lambda kind: {"input": [QUESTION, {"type": kind}]}, "input[1].type"),
     Kinds("responses content parts", ResponseInputContentParam, RESPONSES, frozenset({"input_text"}),
           lambda kind: {"input": [{"role": "user", "content": [{"type": kind}]}]}, "input[0].content[0]"),

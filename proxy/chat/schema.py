@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.options import API_EFFORTS
 from proxy.validation import METADATA
 
-EFFORT = {"enum": ["none", "minimal", "low", "medium", "high", "xhigh", None]}  # proxy/options.py maps them
+EFFORT = {"enum": [*API_EFFORTS, None]}  # proxy/options.py maps them
 _NULLABLE_BOOL = {"type": ["boolean", "null"]}
 # Prompt-caching hints on a content part: the engine's prefix cache needs none, so they are ignored.
 _CACHE_HINT = {"type": ["object", "null"]}

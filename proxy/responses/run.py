@@ -67,6 +67,8 @@ class ResponseRun:
         # (`record()`, `saved()`), for `GET /v1/responses/{id}?stream=true` to replay, numbered as a stream was.
         self._journal = EventWriter() if request.background and save is not None else None
         self._unsaved: list[tuple[int, str]] = []
+        self._steer = False  # a steer is queued (WebSocket, proxy/responses/steering.py): stop at the next boundary
+        self.steered = False  # stopped for it: incomplete, `incomplete_details.reason: "steered"`
 
     async def start(self) -> None:
         """Wait for the engine's first step, so a request the engine refuses fails before anything is sent."""
@@ -91,12 +93,19 @@ class ResponseRun:
             if self._first is None:
                 await self.start()
             yield self._noted(self._output.add(self._first or []))
-            async for batch in self._events:
-                payloads = self._output.add(batch)
-                if payloads:
-                    yield self._noted(payloads)
-            self._settle(self._outcome.finish_reason)
+            if not self._steered_now():
+                async for batch in self._events:
+                    payloads = self._output.add(batch)
+                    if payloads:
+                        yield self._noted(payloads)
+                    if self._steered_now():
+                        break
             closing: list[Payload | TextDelta] = []
+            if self.steered:
+                closing = list(self._output.close_open())
+                self._status = "incomplete"
+            else:
+                self._settle(self._outcome.finish_reason)
         except EngineError as exc:
             closing = list(self._output.close_open())
             self._fail(exc.code or "server_error", exc.message)
@@ -111,6 +120,14 @@ class ResponseRun:
         await self._save_finished()
         yield [*closing, self._terminal()]
 
+    def steer(self) -> None:
+        """Stop at the next token boundary outside a tool call (the connection continues with the steer's input)."""
+        self._steer = True
+
+    def _steered_now(self) -> bool:
+        self.steered = self._steer and self._outcome.finish_reason is None and not self._output.calling
+        return self.steered
+
     def resource(self) -> dict[str, Any]:
         finished = self.finished
         return response_object(
@@ -124,6 +141,7 @@ class ResponseRun:
             reasoning_tokens=self._outcome.reasoning_tokens,
             error=self._error,
             completed_at=self._completed_at,
+            incomplete_reason="steered" if self.steered else "max_output_tokens",
         )
 
     def _terminal(self) -> Payload:

@@ -26,7 +26,7 @@ from tools.cache import BoundedCache
 MAX_TURNS = 32  # one per named lane (OpenAI allows 32 per connection)
 MAX_TOKENS = 1 << 20  # ~8 MiB of token ids per connection; turns of one chain share their token objects
 _PLAIN = frozenset({"message", "reasoning", "function_call", "function_call_output", "custom_tool_call",
-                    "custom_tool_call_output"})
+                    "custom_tool_call_output", "configuration_update"})
 
 
 @dataclass(frozen=True)

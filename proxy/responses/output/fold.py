@@ -98,6 +98,13 @@ class ResponseOutput:
         return payloads
 
     @property
+    def calling(self) -> bool:
+        """A tool call is being written, awaits its result, or ends the model's turn (a client's call: its output
+        must follow it): no place to stop a steered response."""
+        open_call = self._open is not None and self._open.kind in (ItemKind.TOOL_CALL, ItemKind.SERVER_CALL)
+        return open_call or self._awaiting is not None or self.tool_calls > 0
+
+    @property
     def seals(self) -> bool:
         """Reasoning is sealed: the parser must keep reasoning token ids."""
         return self._seal is not None

@@ -24,6 +24,7 @@ def response_object(
     reasoning_tokens: int = 0,
     error: dict[str, str] | None = None,
     completed_at: int | None = None,
+    incomplete_reason: str = "max_output_tokens",
 ) -> dict[str, Any]:
     body = request.body
     reasoning = body.get("reasoning") or {}
@@ -33,7 +34,7 @@ def response_object(
         "created_at": created_at,
         "completed_at": completed_at,
         "status": status,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "incomplete_details": {"reason": incomplete_reason} if status == "incomplete" else None,
         "model": request.model,
         "previous_response_id": body.get("previous_response_id"),
         "conversation": {"id": request.conversation} if request.conversation is not None else None,
@@ -47,15 +48,16 @@ def response_object(
         "tool_choice": _tool_choice(request),
         "truncation": "disabled",
         "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
-        "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"},
-                 "verbosity": (body.get("text") or {}).get("verbosity") or "medium"},
+        "text": {"format": request.text_format, "verbosity": request.verbosity or "medium"},  # those in effect
         "top_p": body["top_p"] if body.get("top_p") is not None else DEFAULT_TOP_P,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "top_logprobs": 0,
         "temperature": body["temperature"] if body.get("temperature") is not None else DEFAULT_TEMPERATURE,
-        "reasoning": {"effort": reasoning.get("effort") or request.effort,  # as asked; the Harmony level renders
-                      "summary": reasoning.get("summary") or reasoning.get("generate_summary")},
+        "reasoning": {"effort": request.effort_name or request.effort,  # as asked; the Harmony level renders
+                      "summary": reasoning.get("summary") or reasoning.get("generate_summary"),
+                      # Asked for: the mode used, which is gpt-oss's own (earlier turns' reasoning is not shown).
+                      **({"context": "current_turn"} if reasoning.get("context") else {})},
         "usage": usage_object(usage, reasoning_tokens) if usage is not None else None,
         "max_output_tokens": body.get("max_output_tokens"),
         "max_tool_calls": body.get("max_tool_calls"),

@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.errors import invalid_request
-from proxy.responses.request.schema import CUSTOM_TOOL, FUNCTION_TOOL, NAMESPACE_TOOL, REFUSED_TOOLS
+from proxy.responses.request.schema import (
+    CUSTOM_TOOL,
+    FUNCTION_TOOL,
+    NAMESPACE_TOOL,
+    REFUSED_TOOLS,
+    TOOL_SEARCH_NOTE,
+    TOOL_SEARCH_TOOL,
+)
 from proxy.validation import check, compile_schema
 from tools.cache import ToolCatalog
 from tools.definitions import FunctionTool, ToolError, check_unique, declaration_key, namespace_error
@@ -31,7 +38,8 @@ logger = logging.getLogger("harmony_proxy")
 _FUNCTION = compile_schema(FUNCTION_TOOL)
 _NAMESPACE = compile_schema(NAMESPACE_TOOL)
 _CUSTOM = compile_schema(CUSTOM_TOOL)
-CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace"})
+_TOOL_SEARCH = compile_schema(TOOL_SEARCH_TOOL)
+CLIENT_TOOL_TYPES = frozenset({"function", "custom", "namespace", "tool_search"})
 # Tool types an additional_tools item may hold but that are not offered from there (logged).
 _NOT_OFFERED_THERE = frozenset({"mcp", "code_interpreter", "web_search", "web_search_2025_08_26", "web_search_preview",
                                 "web_search_preview_2025_03_11"})
@@ -94,6 +102,10 @@ def _check_kind(kind: Any, param: str) -> None:
 
 def _read(tool: dict[str, Any], where: str, reading: _Reading) -> dict[str, Any]:
     """Add one tool's declarations; its echo."""
+    if tool["type"] == "tool_search":  # nothing to declare: every tool is (schema.py)
+        check(tool, _TOOL_SEARCH, where)
+        return {"type": "tool_search", "execution": tool.get("execution") or "server",
+                "description": tool.get("description") or TOOL_SEARCH_NOTE, "parameters": tool.get("parameters")}
     if tool["type"] != "namespace":
         return _function(tool, where, None, reading)
     check(tool, _NAMESPACE, where)
@@ -101,7 +113,8 @@ def _read(tool: dict[str, Any], where: str, reading: _Reading) -> dict[str, Any]
     problem = namespace_error(name)
     if problem is not None:
         raise invalid_request(problem, param=f"{where}.name")
-    reading.namespaces.setdefault(name, tool["description"])
+    if tool["tools"] or tool.get("description"):  # an empty namespace without a description says nothing
+        reading.namespaces.setdefault(name, tool.get("description") or "")
     members = []
     for index, member in enumerate(tool["tools"]):
         if member.get("type") not in ("function", "custom"):
@@ -109,7 +122,7 @@ def _read(tool: dict[str, Any], where: str, reading: _Reading) -> dict[str, Any]
                                   "function or custom tools.", param=f"{where}.tools[{index}].type",
                                   code="invalid_value")
         members.append(_function(member, f"{where}.tools[{index}]", name, reading))
-    return {"type": "namespace", "name": name, "description": tool["description"], "tools": members}
+    return {"type": "namespace", "name": name, "description": tool.get("description"), "tools": members}
 
 
 def _function(tool: dict[str, Any], where: str, namespace: str | None, reading: _Reading) -> dict[str, Any]:
@@ -121,8 +134,9 @@ def _function(tool: dict[str, Any], where: str, namespace: str | None, reading: 
         raise invalid_request("Programmatic tool calling is not offered: the model calls functions directly; allow "
                               "'direct'.", param=f"{where}.allowed_callers", code="unsupported_parameter")
     if tool.get("async") is True:
-        raise invalid_request("Asynchronous function calls are not supported: a call ends the model's turn until its "
-                              "output is sent.", param=f"{where}.async", code="unsupported_parameter")
+        raise invalid_request("Asynchronous tool calls are not supported: in Harmony a call ends the model's turn "
+                              "(`<|call|>`), and the model goes on only when the output follows the call; it cannot "
+                              "keep working while a call runs.", param=f"{where}.async", code="unsupported_parameter")
     freeform = _freeform(tool.get("format")) if custom else None
     declaration = (tool["name"], tool.get("description"), tool.get("parameters"), tool.get("strict"), namespace,
                    freeform)

@@ -26,11 +26,12 @@ from parsers.conversation import (
 from proxy.engines.base import OutputConstraint
 from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
-from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
+from proxy.options import HARMONY_EFFORT, GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
 from proxy.responses.compaction_items import SUMMARY_HEADING, kept_before_compaction, latest_compaction, summary_text
 from proxy.responses.output.server_items import ID_PREFIXES, ServerItems
 from proxy.responses.request.client_tools import CLIENT_TOOL_TYPES, read_client_tools
+from proxy.responses.request.configuration import Settings, configured_settings
 from proxy.responses.request.hosted_request import MAX_SERVER_TOOLS, HostedRequest, split_server_tools
 from proxy.responses.request.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.sealing import Sealer
@@ -51,7 +52,8 @@ _REQUEST = compile_schema(RESPONSES_REQUEST)
 _ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
 _ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_",
               "additional_tools": "at_", "compaction": "cmp_", "compaction_trigger": "cmpt_",
-              "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", **ID_PREFIXES}
+              "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", "configuration_update": "cfg_",
+              **ID_PREFIXES}
 _TEXT_PARTS = {"input_text", "output_text", "text"}
 # What the model reads in place of an image a tool returned.
 IMAGE_NOTE = "[The tool returned an image here. This model reads text only, so the image is not shown.]"
@@ -78,6 +80,15 @@ class ResponsesRequest:
     conversation: str | None  # the id of the conversation this response continues and adds to
     hosted: HostedRequest = field(default_factory=HostedRequest)  # tools the server runs (MCP, browser, python)
     summaries: bool = False  # `reasoning.summary` asked: the reasoning also streams as its summary
+    # The settings in effect, as the API names them: the request's, or a configuration_update's (configuration.py).
+    effort_name: str | None = None
+    verbosity: str | None = None
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
+
+    @property
+    def prewarm(self) -> bool:
+        """`prompt_cache_options.prewarm`: checked and rendered, not generated (the WebSocket's `generate: false`)."""
+        return (self.body.get("prompt_cache_options") or {}).get("prewarm") is True
 
     @property
     def sealed_reasoning(self) -> bool:
@@ -162,13 +173,17 @@ def parse_responses_request(
         conversation=conversation,
         hosted=hosted,
         summaries=(reasoning.get("summary") or reasoning.get("generate_summary")) is not None,
+        effort_name=reasoning.get("effort"),
+        verbosity=(body.get("text") or {}).get("verbosity"),
+        text_format=text_format,
     )
 
 
 async def resolve(request: ResponsesRequest, store: ResponseStore | None,
                   history: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(history, input items) with `previous_response_id` or `conversation`, and item references, looked up in
-    the store; `history`: the previous response's, when the caller has it (a WebSocket connection keeps its own)."""
+    the store; `history`: the previous response's, when the caller has it (a WebSocket connection keeps its own).
+    The settings of their configuration_update items become the request's."""
     previous = request.body.get("previous_response_id")
     if history is None:
         history = []
@@ -188,7 +203,19 @@ async def resolve(request: ResponsesRequest, store: ResponseStore | None,
     resolved = await resolve_references(request.input_items, store, "input")
     if request.conversation is not None:  # every item of a conversation has an id of its own
         refuse_duplicates([item["id"] for item in history], resolved, "input")
+    _apply(configured_settings(history + resolved), request)
     return history, resolved
+
+
+def _apply(settings: Settings, request: ResponsesRequest) -> None:
+    """configuration_update items' settings win over the request's own (configuration.py)."""
+    if settings.effort is not None:
+        request.effort, request.effort_name = HARMONY_EFFORT[settings.effort], settings.effort
+    if settings.verbosity is not None:
+        request.verbosity = settings.verbosity
+    if settings.text_format is not None:
+        request.text_format = settings.text_format
+        request.response_format = _format(settings.text_format["type"], settings.text_format, "text.format")
 
 
 def offer_earlier_tools(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]],
@@ -241,9 +268,9 @@ def conversation_not_found(conversation_id: str) -> APIError:
 
 
 def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]],
-               sealer: Sealer) -> Prompt:
+               sealer: Sealer, generate: bool = True) -> Prompt:
     """The conversation to render; `sealer` opens the encrypted_content of reasoning items."""
-    return prompt_with(request, conversation_of(history + items, len(history), sealer))
+    return prompt_with(request, conversation_of(history + items, len(history), sealer), generate)
 
 
 def prompt_with(request: ResponsesRequest, conversation: list[Item], generate: bool = True) -> Prompt:
@@ -252,7 +279,7 @@ def prompt_with(request: ResponsesRequest, conversation: list[Item], generate: b
     message before the first user message."""
     if request.body.get("instructions"):  # earlier instructions are not carried over
         conversation = [Instructions(request.body["instructions"]), *conversation]
-    conversation = with_verbosity(conversation, (request.body.get("text") or {}).get("verbosity"))
+    conversation = with_verbosity(conversation, request.verbosity)
     if generate and not any(not isinstance(item, Instructions) for item in conversation):
         raise invalid_request("The conversation is empty: send `input`.", param="input")
     offered = [] if request.tool_choice.mode == "none" else request.tools
@@ -270,10 +297,9 @@ def _refuse_unhonoured(body: dict[str, Any]) -> None:
     refused = [
         (f"include[{logprobs}]", logprobs >= 0,
          "Log probabilities are not supported: leave 'message.output_text.logprobs' out of `include`."),
-        ("prompt_cache_options.prewarm", (body.get("prompt_cache_options") or {}).get("prewarm") is True,
-         "`prompt_cache_options.prewarm` is not supported: every request generates here."),
-        ("reasoning.context", reasoning.get("context") == "all_turns",
-         "`reasoning.context` 'all_turns' is not supported: gpt-oss is trained to see this turn's reasoning only."),
+        ("multi_agent", (body.get("multi_agent") or {}).get("enabled") is True,
+         ("`multi_agent` is not supported: the server runs no sub-agents, and Harmony has no form for a tree of "
+          "agents generating at once; run sub-agents in the client (Codex's multi-agent tools work here).")),
         ("reasoning.mode", mode not in (None, "standard"),
          f"`reasoning.mode` {mode!r} is not supported: gpt-oss has one mode, 'standard'; set `reasoning.effort`."),
     ]
@@ -338,8 +364,8 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
             summary = summary_text(item, sealer) if position == compaction else None
             if summary is not None:
                 conversation.append(UserMessage(SUMMARY_HEADING + summary))
-        elif kind == "compaction_trigger":
-            continue  # asks for a compaction (routes); it says nothing to the model
+        elif kind in ("compaction_trigger", "configuration_update"):
+            continue  # a compaction asked for (routes), settings (configuration.py): nothing the model reads here
         elif kind == "message":
             text = "\n".join(part.get("text") or part.get("refusal") or "" for part in item["content"])
             role = item["role"]

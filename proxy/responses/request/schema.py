@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.options import API_EFFORTS
 from proxy.responses.output.server_items import SERVER_ITEMS
 from proxy.validation import METADATA
 
@@ -23,6 +24,19 @@ def _object(required: list[str], properties: dict[str, Any]) -> dict[str, Any]:
 _PART = {"type": "object", "required": ["type"],
          "properties": {"type": _STRING, "text": _STRING, "refusal": _STRING}}
 _STATUS = {"enum": ["in_progress", "completed", "incomplete", None]}
+
+_FORMAT = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "type": {"enum": ["text", "json_object", "json_schema"]},
+        "name": _STRING,
+        "description": {"type": ["string", "null"]},
+        "schema": {"type": "object"},
+        "strict": _NULLABLE_BOOL,
+    },
+    "additionalProperties": False,
+}
 
 ITEMS: dict[str, dict[str, Any]] = {
     "message": _object(["role", "content"], {
@@ -97,6 +111,17 @@ ITEMS: dict[str, dict[str, Any]] = {
         "tools": {"type": "array", "items": {"type": "object"}},
     }),
     "item_reference": _object(["id"], {"type": {"const": "item_reference"}, "id": _STRING}),
+    # Settings from this point of the conversation on, until a later update (request/configuration.py).
+    "configuration_update": _object([], {
+        "type": {"const": "configuration_update"},
+        "id": {"type": ["string", "null"]},
+        "agent": {"type": ["object", "null"]},
+        "reasoning": {"type": ["object", "null"], "properties": {"effort": {"enum": [*API_EFFORTS, None]}},
+                      "additionalProperties": False},
+        "text": {"type": ["object", "null"], "properties": {
+            "format": {"anyOf": [{"type": "null"}, _FORMAT]},
+            "verbosity": {"enum": ["low", "medium", "high", None]}}, "additionalProperties": False},
+    }),
     # Compaction (proxy/responses/compaction_items.py): a summary sealed by this server, and Codex's request for one.
     "compaction": _object(["encrypted_content"], {
         "type": {"const": "compaction"}, "id": {"type": ["string", "null"]}, "encrypted_content": _STRING,
@@ -111,18 +136,6 @@ CODEX_ITEM_METADATA = "internal_chat_message_metadata_passthrough"
 ITEMS = {kind: {**schema, "properties": {**schema["properties"], CODEX_ITEM_METADATA: {"type": ["object", "null"]}}}
          for kind, schema in ITEMS.items()}
 
-_FORMAT = {
-    "type": "object",
-    "required": ["type"],
-    "properties": {
-        "type": {"enum": ["text", "json_object", "json_schema"]},
-        "name": _STRING,
-        "description": {"type": ["string", "null"]},
-        "schema": {"type": "object"},
-        "strict": _NULLABLE_BOOL,
-    },
-    "additionalProperties": False,
-}
 
 # The spec's tiers; every request is served, and reported, as "default" (see proxy/chat/schema.py).
 SERVICE_TIERS = ["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"]
@@ -163,12 +176,22 @@ CUSTOM_TOOL = _object(["type", "name"], {
     "allowed_callers": {"type": ["array", "null"], "items": {"enum": ["direct", "programmatic"]}},
     "async": _NULLABLE_BOOL,
 })
-NAMESPACE_TOOL = _object(["type", "name", "description", "tools"], {
+# A namespace without a description (Codex's `collaboration`, with no tools) is declared without one.
+NAMESPACE_TOOL = _object(["type", "name", "tools"], {
     "type": {"const": "namespace"},
     "name": _STRING,
-    "description": _STRING,
+    "description": {"type": ["string", "null"]},
     "tools": {"type": "array", "items": {"type": "object", "required": ["type"]}},
 })
+# Tool search (`defer_loading` tools found when the model searches): every tool is declared up front here, so the
+# model has nothing to search and never calls it; accepted so that clients that always send it work.
+TOOL_SEARCH_TOOL = _object(["type"], {
+    "type": {"const": "tool_search"},
+    "description": {"type": ["string", "null"]},
+    "execution": {"enum": ["server", "client", None]},
+    "parameters": {"type": ["object", "null"]},
+})
+TOOL_SEARCH_NOTE = "Every tool is declared to the model up front, so the model has nothing to search."
 
 # Tool types of the API that no server runs here and the model cannot call: a 400 naming the type, with the reason.
 # (gpt-oss's own built-in tools, web_search and code_interpreter, are served by a --tool-server: hosted_request.py.)
@@ -180,8 +203,6 @@ REFUSED_TOOLS = {
     "local_shell": "declare the shell as a function tool",
     "shell": "declare the shell as a function tool",
     "apply_patch": "declare apply_patch as a custom (freeform) or function tool",
-    "tool_search": "every tool is declared to the model up front here (`defer_loading` is ignored), so there is "
-                   "nothing to search",
     "programmatic_tool_calling": "programmatic tool calling is not offered: the model calls tools directly",
 }
 # Input item types of the API that this server cannot put into a gpt-oss prompt: a 400 naming the type, with the reason.
@@ -200,7 +221,8 @@ REFUSED_ITEMS = {
     "tool_search_output": "every tool is declared up front here, so there is no tool search",
     "program": "programmatic tool calling is not offered",
     "program_output": "programmatic tool calling is not offered",
-    "configuration_update": "send `reasoning` and `text` with the request instead",
+    "multi_agent_call": "the server runs no sub-agents (`multi_agent` is not offered)",
+    "multi_agent_call_output": "the server runs no sub-agents (`multi_agent` is not offered)",
 }
 
 RESPONSES_REQUEST: dict[str, Any] = _object([], {
@@ -216,10 +238,11 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
     "parallel_tool_calls": _NULLABLE_BOOL,
     "max_tool_calls": {"type": ["integer", "null"], "minimum": 1},
     "reasoning": {"type": ["object", "null"], "properties": {
-        "effort": {"enum": ["none", "minimal", "low", "medium", "high", "xhigh", None]},  # proxy/options.py
+        "effort": {"enum": [*API_EFFORTS, None]},  # proxy/options.py
         "summary": {"enum": ["auto", "concise", "detailed", None]},
         "generate_summary": {"enum": ["auto", "concise", "detailed", None]},
-        "context": {"enum": ["auto", "current_turn", "all_turns", None]},  # all_turns refused in request.py
+        # Every value is served as gpt-oss was trained: this turn's reasoning only (the response says "current_turn").
+        "context": {"enum": ["auto", "current_turn", "all_turns", None]},
         "mode": {"type": ["string", "null"]},  # only "standard" (request.py)
     }, "additionalProperties": False},
     "max_output_tokens": {"type": ["integer", "null"], "minimum": 1},
@@ -255,13 +278,16 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
     "top_logprobs": {"enum": [0, None]},
     "presence_penalty": {"enum": [0, None]},
     "frequency_penalty": {"enum": [0, None]},
-    # Accepted and ignored: caching hints (the engine's prefix cache works unasked; `prewarm` is refused in
-    # request.py), and OpenAI's own scheduling, access and image options, which mean nothing here.
+    # Accepted and ignored: caching hints (the engine's prefix cache works unasked), and OpenAI's own scheduling,
+    # access and image options, which mean nothing here. `prewarm` answers without generating (`pre_warms`).
     "prompt_cache_retention": {"type": ["string", "null"]},
-    "prompt_cache_options": {"type": ["object", "null"]},
+    "prompt_cache_options": {"type": ["object", "null"], "properties": {"prewarm": _NULLABLE_BOOL}},
     "background_options": {"type": ["object", "null"]},
     "access_programs": {"type": ["object", "null"]},
     "image": {"type": ["object", "null"]},
+    # The beta's server-run sub-agents: only `enabled: false` is served (request.py says why).
+    "multi_agent": {"type": ["object", "null"], "properties": {
+        "enabled": {"type": "boolean"}, "max_concurrent_subagents": {"type": "integer", "minimum": 1}}},
     # Accepted only as null (refused with a value before the schema is checked).
     **{name: {"type": "null"} for name in UNSUPPORTED},
 })

@@ -52,7 +52,11 @@ async def create_response(request: Request) -> Response:
     await check_create(state, parsed)
     history, items = await resolve(parsed, state.responses)
     offer_earlier_tools(parsed, history, items, state.renderer.tools)
-    run = await new_run(state, parsed, history, items, request.headers, watch=request)
+    if parsed.prewarm:
+        prompt = await state.renderer.render_off_loop(prompt_for(parsed, history, items, state.sealer, generate=False))
+        run = prewarm_run(state, parsed, items, len(prompt))
+    else:
+        run = await new_run(state, parsed, history, items, request.headers, watch=request)
     if parsed.background:  # `background` requires a store, checked above; the job's process owns the record
         await state.responses.save(run.record())  # queued
         state.jobs.start(run)
@@ -115,8 +119,9 @@ async def new_run(state: ServerState, parsed: ResponsesRequest, history: list[di
 
 def prewarm_run(state: ServerState, parsed: ResponsesRequest, items: list[dict[str, Any]],
                 prompt_tokens: int) -> ResponseRun:
-    """`generate: false` (WebSocket): a response completed at once with no output; the caller rendered and
-    kept its prompt, for the next turn to continue from."""
+    """`generate: false` (WebSocket) or `prompt_cache_options.prewarm`: a response completed at once with no
+    output; the caller rendered its prompt (checking it fits), and a WebSocket keeps it for the next turn to
+    continue from."""
     outcome = Outcome(prompt_tokens=prompt_tokens, finish_reason="stop")
     return ResponseRun(new_id("resp_"), parsed, items, _output(state, parsed), outcome, _no_events(),
                        _save(state, parsed))
