@@ -164,7 +164,7 @@ def test_the_mock_calls_a_namespace_tool_and_reads_its_result(serve: Callable[..
     ([DOCS, {**DOCS, "description": "again"}], "tools[1].tools[0].name", "declared twice in namespace"),
     ([{**DOCS, "tools": [{"type": "file_search"}]}], "tools[0].tools[0].type", "'file_search'"),
     ([{**DOCS, "tools": [{**SEARCH, "async": True}]}], "tools[0].tools[0].async", "Asynchronous"),
-    ([{"type": "namespace", "name": "x", "tools": []}], "tools[0].description", "Missing required"),
+    ([{"type": "namespace", "name": "x"}], "tools[0].tools", "Missing required"),
 ])
 def test_malformed_namespace_tools_are_400s(serve: Callable[..., LiveServer], tools: list[dict[str, Any]],
                                            param: str, said: str) -> None:

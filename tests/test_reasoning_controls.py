@@ -14,7 +14,8 @@ from tests.engines import Recording
 from tests.open_responses import validate_event
 from tests.test_e2e_chat import ANSWER, client_for
 
-HARMONY_LEVEL = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+HARMONY_LEVEL = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high",
+                 "max": "high"}
 SUMMARY_EVENTS = ["response.reasoning_summary_part.added", "response.reasoning_summary_text.delta",
                   "response.reasoning_summary_text.done", "response.reasoning_summary_part.done"]
 
@@ -45,7 +46,7 @@ def test_every_effort_maps_onto_a_harmony_level(
 def test_an_unknown_effort_is_a_400(recorded: tuple[LiveServer, Recording]) -> None:
     client = client_for(recorded[0])
     with pytest.raises(Exception) as refused:
-        client.responses.create(model=MODEL, input="Hi", reasoning={"effort": "max"})  # type: ignore[typeddict-item]
+        client.responses.create(model=MODEL, input="Hi", reasoning={"effort": "ultra"})  # type: ignore[typeddict-item]
     assert getattr(refused.value, "status_code", None) == 400 and refused.value.param == "reasoning.effort"
 
 

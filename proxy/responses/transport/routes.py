@@ -53,8 +53,7 @@ async def create_response(request: Request) -> Response:
     history, items = await resolve(parsed, state.responses)
     offer_earlier_tools(parsed, history, items, state.renderer.tools)
     if parsed.prewarm:
-        prompt = await state.renderer.render_off_loop(prompt_for(parsed, history, items, state.sealer, generate=False))
-        run = prewarm_run(state, parsed, items, len(prompt))
+        run = await prewarm_run(state, parsed, history, items)
     else:
         run = await new_run(state, parsed, history, items, request.headers, watch=request)
     if parsed.background:  # `background` requires a store, checked above; the job's process owns the record
@@ -117,12 +116,15 @@ async def new_run(state: ServerState, parsed: ResponsesRequest, history: list[di
     return ResponseRun(response_id, parsed, items, output, outcome, events, _save(state, parsed))
 
 
-def prewarm_run(state: ServerState, parsed: ResponsesRequest, items: list[dict[str, Any]],
-                prompt_tokens: int) -> ResponseRun:
-    """`generate: false` (WebSocket) or `prompt_cache_options.prewarm`: a response completed at once with no
-    output; the caller rendered its prompt (checking it fits), and a WebSocket keeps it for the next turn to
-    continue from."""
-    outcome = Outcome(prompt_tokens=prompt_tokens, finish_reason="stop")
+async def prewarm_run(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],
+                      items: list[dict[str, Any]], prompt: list[int] | None = None) -> ResponseRun:
+    """`generate: false` (WebSocket) or `prompt_cache_options.prewarm`: the prompt rendered (unless the caller
+    did: a WebSocket keeps it for the next turn to continue from) and checked as one to generate from, and a
+    response completed at once with no output. Instructions alone may be pre-warmed."""
+    if prompt is None:
+        prompt = await state.renderer.render_off_loop(prompt_for(parsed, history, items, state.sealer, generate=False))
+    _generation(state, parsed, "prewarm", prompt)  # it fits the context window with the output asked for
+    outcome = Outcome(prompt_tokens=len(prompt), finish_reason="stop")
     return ResponseRun(new_id("resp_"), parsed, items, _output(state, parsed), outcome, _no_events(),
                        _save(state, parsed))
 

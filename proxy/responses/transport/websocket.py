@@ -194,7 +194,7 @@ class ResponsesConnection:
             if generate:
                 run = await new_run(state, parsed, history, items, self._socket.headers, prompt=prompt)
             else:
-                run = prewarm_run(state, parsed, items, len(prompt or ()))
+                run = await prewarm_run(state, parsed, history, items, prompt)
             self._by_id[run.id] = asyncio.current_task()  # type: ignore[assignment]
             await run.start()
             record.status = 200
