@@ -87,7 +87,7 @@ def test_non_streaming_body_sends_one_reasoning_field(serve: Callable[..., LiveS
         ({**ASK, "foo": 1}, 400, "foo", None),
         ({"model": MODEL}, 400, "messages", "missing_required_parameter"),
         ({**ASK, "messages": []}, 400, "messages", None),
-        ({**ASK, "reasoning_effort": "max"}, 400, "reasoning_effort", "invalid_value"),
+        ({**ASK, "reasoning_effort": "ultra"}, 400, "reasoning_effort", "invalid_value"),
         ({**ASK, "chat_template_kwargs": {"reasoning_effort": "extreme"}}, 400,
          "chat_template_kwargs.reasoning_effort", "invalid_value"),
         ({**ASK, "chat_template_args": {"reasoning_effort": 3}}, 400, "chat_template_args.reasoning_effort",
@@ -159,7 +159,7 @@ def test_openai_client_raises_typed_errors(serve: Callable[..., LiveServer]) -> 
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert missing.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], reasoning_effort="max")
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], reasoning_effort="big")
     assert bad.value.param == "reasoning_effort"
 
 

@@ -3,9 +3,9 @@
 
 The SDK's request types are walked (the TypedDicts of `chat.completions.create`, `responses.create` and the beta
 `beta.responses.create`, their messages, input items, tools and options): each field is sent with a plausible
-value, and as null wherever the
-type allows null. A field the SDK adds later fails `test_every_sdk_field_is_classified` until someone decides
-whether it is accepted or refused here (and says so in the README).
+value, and as null wherever the type allows null. A field the SDK adds later fails
+`test_every_sdk_field_is_classified` until someone decides whether it is accepted or refused here (and says so in
+the docs).
 """
 
 from __future__ import annotations
@@ -93,6 +93,22 @@ CUSTOM = {"type": "custom", "name": "apply_patch"}
 CUSTOM_CALL = {"type": "custom_tool_call", "call_id": "call_2", "name": "apply_patch", "input": "*** Begin Patch"}
 CUSTOM_OUTPUT = {"type": "custom_tool_call_output", "call_id": "call_2", "output": "done"}
 UPDATE = {"type": "configuration_update", "reasoning": {"effort": "high"}}
+
+# A plausible value of every field of `responses.create` (the beta's adds `multi_agent`).
+RESPONSES_CREATE = {
+    "input": [QUESTION], "model": MODEL, "access_programs": {"cyber": "standard"}, "background": True,
+    "background_options": {"completion_window": "soonest"},
+    "context_management": [{"type": "compaction", "compact_threshold": 100000}], "conversation": CONVERSATION,
+    "image": {"context_compression": "auto"}, "include": ["reasoning.encrypted_content"],
+    "instructions": "Be brief.", "max_output_tokens": 64, "max_tool_calls": 1, "metadata": {"team": "a"},
+    "moderation": {"model": "omni-moderation-latest"}, "parallel_tool_calls": False,
+    "previous_response_id": PREVIOUS, "prompt": {"id": "pmpt_123"}, "prompt_cache_key": "weather",
+    "prompt_cache_options": {"mode": "implicit", "ttl": "30m"}, "prompt_cache_retention": "in_memory",
+    "reasoning": {"effort": "low"}, "safety_identifier": "user-1", "service_tier": "priority", "store": False,
+    "stream": True, "stream_options": {"include_obfuscation": False}, "temperature": 0.7,
+    "text": {"verbosity": "medium"}, "tool_choice": "auto", "tools": [TOOL], "top_logprobs": 0, "top_p": 0.9,
+ "truncation": "disabled", "user": "user-1",
+}
 
 
 @dataclass(frozen=True)
@@ -198,18 +214,7 @@ SURFACES = [
     Surface(
         "responses.create", responses_params.ResponseCreateParamsNonStreaming, RESPONSES, {"input": "Hi"},
         lambda body: body,
-        {"input": [QUESTION], "model": MODEL, "access_programs": {"cyber": "standard"}, "background": True,
-         "background_options": {"completion_window": "soonest"},
-         "context_management": [{"type": "compaction", "compact_threshold": 100000}], "conversation": CONVERSATION,
-         "image": {"context_compression": "auto"}, "include": ["reasoning.encrypted_content"],
-         "instructions": "Be brief.", "max_output_tokens": 64, "max_tool_calls": 1, "metadata": {"team": "a"},
-         "moderation": {"model": "omni-moderation-latest"}, "parallel_tool_calls": False,
-         "previous_response_id": PREVIOUS, "prompt": {"id": "pmpt_123"}, "prompt_cache_key": "weather",
-         "prompt_cache_options": {"mode": "implicit", "ttl": "30m"}, "prompt_cache_retention": "in_memory",
-         "reasoning": {"effort": "low"}, "safety_identifier": "user-1", "service_tier": "priority", "store": False,
-         "stream": True, "stream_options": {"include_obfuscation": False}, "temperature": 0.7,
-         "text": {"verbosity": "medium"}, "tool_choice": "auto", "tools": [TOOL], "top_logprobs": 0, "top_p": 0.9,
-         "truncation": "disabled", "user": "user-1"},
+        RESPONSES_CREATE,
         refused={"moderation": "no moderation model runs here", "prompt": "no stored prompt templates"},
     ),
     Surface(
@@ -330,18 +335,7 @@ SURFACES = [
     Surface(
         "beta.responses.create", beta_params.ResponseCreateParamsNonStreaming, RESPONSES, {"input": "Hi"},
         lambda body: body,
-        {"input": [QUESTION], "model": MODEL, "access_programs": {"cyber": "standard"}, "background": True,
-         "background_options": {"completion_window": "soonest"},
-         "context_management": [{"type": "compaction", "compact_threshold": 100000}], "conversation": CONVERSATION,
-         "image": {"context_compression": "auto"}, "include": ["reasoning.encrypted_content"],
-         "instructions": "Be brief.", "max_output_tokens": 64, "max_tool_calls": 1, "metadata": {"team": "a"},
-         "moderation": {"model": "omni-moderation-latest"}, "parallel_tool_calls": False,
-         "previous_response_id": PREVIOUS, "prompt": {"id": "pmpt_123"}, "prompt_cache_key": "weather",
-         "prompt_cache_options": {"mode": "implicit", "ttl": "30m"}, "prompt_cache_retention": "in_memory",
-         "reasoning": {"effort": "low"}, "safety_identifier": "user-1", "service_tier": "priority", "store": False,
-         "stream": True, "stream_options": {"include_obfuscation": False}, "temperature": 0.7,
-         "text": {"verbosity": "medium"}, "tool_choice": "auto", "tools": [TOOL], "top_logprobs": 0, "top_p": 0.9,
-         "truncation": "disabled", "user": "user-1", "multi_agent": {"enabled": False}},
+        {**RESPONSES_CREATE, "multi_agent": {"enabled": False}},
         refused={"moderation": "no moderation model runs here", "prompt": "no stored prompt templates"},
     ),
     Surface(

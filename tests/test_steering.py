@@ -42,6 +42,15 @@ async def until(connection: Any, events: list[Any], done: Callable[[Any], bool])
             return event
 
 
+async def steer_once(connection: Any, events: list[Any], when: Callable[[Any], bool], steer: Any) -> str:
+    """Create a response, steer it once `when` an event says so; the steered response's id."""
+    await connection.response.create(input="Weather in Paris?", **SETTINGS)
+    await until(connection, events, when)
+    target: str = events[0].response.id
+    await connection.response.steer(input=steer, previous_response_id=target)
+    return target
+
+
 def answer(response: Any) -> str:
     return "".join(part.text for item in response.output if item.type == "message" for part in item.content)
 
@@ -55,11 +64,7 @@ def test_a_steer_stops_the_response_and_its_successor_extends_its_tokens(
     async def run() -> list[Any]:
         events: list[Any] = []
         async with connect(server) as connection:
-            await connection.response.create(input="Weather in Paris?", **SETTINGS)
-            first = await until(connection, events, lambda event: event.type == "response.reasoning_text.delta")
-            assert first.type == "response.reasoning_text.delta"
-            target = events[0].response.id
-            await connection.response.steer(input=STEER, previous_response_id=target)
+            await steer_once(connection, events, lambda event: event.type == "response.reasoning_text.delta", STEER)
             await until(connection, events, lambda event: event.type == "response.completed")
         return events
 
@@ -97,18 +102,15 @@ def test_a_steer_stops_the_response_and_its_successor_extends_its_tokens(
 def test_a_steer_during_a_tool_call_waits_for_its_output(serve: Callable[..., LiveServer], vocab: Any) -> None:
     """The response ends with its call (no boundary inside a call); the steer is pending, with a stub of the output
     the client owes, and goes first into the input of the create that brings it."""
-    slow_call = CALL.replace("Need the weather.", "Need the weather. " * 40)
+    slow_call = CALL.replace("Paris", "Paris" + ", France" * 60)  # time for the steer while the call is written
     engine = Recording(scripted_engine(vocab, [slow_call, ANSWER], token_delay=0.01))
     server = serve(engine=engine)
 
     async def run() -> list[Any]:
         events: list[Any] = []
         async with connect(server) as connection:
-            await connection.response.create(input="Weather in Paris?", **SETTINGS)
-            await until(connection, events, lambda event: event.type == "response.output_item.added"
-                        and event.item.type == "function_call")
-            target = events[0].response.id
-            await connection.response.steer(input=[{"role": "user", "content": STEER}], previous_response_id=target)
+            target = await steer_once(connection, events, lambda event: event.type == "response.output_item.added"
+                                      and event.item.type == "function_call", [{"role": "user", "content": STEER}])
             await until(connection, events, lambda event: event.type == "response.steer.pending")
             call = next(item for item in events[-2].response.output if item.type == "function_call")
             await connection.response.create(previous_response_id=target, **SETTINGS, input=[
