@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -30,11 +29,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from proxy.auth import KEY_SUBPROTOCOL
 from proxy.engines.base import EngineError
 from proxy.errors import APIError, from_engine, invalid_request
-from proxy.responses import steering, turns
+from proxy.responses import turns
 from proxy.responses.request.parse import offer_earlier_tools, parse_responses_request, resolve
 from proxy.responses.run import ResponseRun
+from proxy.responses.steering import Steer
 from proxy.responses.transport.frames import EventWriter
 from proxy.responses.transport.routes import check_create, new_run, prewarm_run
+from proxy.responses.transport.steers import ConnectionSteering, Successor
 from proxy.state import ServerState
 from proxy.telemetry.observer import publish
 from proxy.telemetry.request_record import RequestRecord, current_record, request_id_from
@@ -65,8 +66,8 @@ class ResponsesConnection:
         self._lanes: dict[str | None, asyncio.Task[None]] = {}  # each lane's last response
         self._by_id: dict[str, asyncio.Task[None]] = {}
         self._cancelled: set[asyncio.Task[None]] = set()  # cancelled by `response.cancel`, not by a departure
-        self._running: dict[str, _Running] = {}  # by response id, for steers
-        self._steers = steering.Steers()
+        self._steering = ConnectionSteering(self._send_quietly, lambda response_id: self._turns.get(response_id)
+                                            is not None)
         self._count = 0
         self._expired = False
         self._closed = False
@@ -105,7 +106,7 @@ class ResponsesConnection:
         elif kind == "response.processed":
             pass  # Codex acknowledges each response it has handled; nothing waits for it here
         elif kind == "response.steer":
-            await self._steer(data)
+            await self._steering.steer(data)
         else:
             await self._error(invalid_request(f"Unknown event type {kind!r}: send `response.create`.",
                                               param="type", code="invalid_event"))
@@ -161,9 +162,9 @@ class ResponsesConnection:
             self._count += 1
             successor = await self._respond_one(*successor, stream_id, True, None, f"{self._id}.{self._count}", False)
 
-    async def _respond_one(self, body: dict[str, Any], committing: list[steering.Steer], stream_id: str | None,
+    async def _respond_one(self, body: dict[str, Any], committing: list[Steer], stream_id: str | None,
                            generate: bool, before: asyncio.Task[None] | None, request_id: str,
-                           large: bool) -> tuple[dict[str, Any], list[steering.Steer]] | None:
+                           large: bool) -> Successor | None:
         """One response; when steered, its successor's create and the steers that create commits."""
         state = self._state
         record = RequestRecord(request_id, "WS", ROUTE, route=ROUTE, api="responses", streamed=True,
@@ -174,12 +175,11 @@ class ResponsesConnection:
         state.metrics.stream_opened("responses")
         run: ResponseRun | None = None
         writer = EventWriter()
-        running: _Running | None = None
         try:
             if before is not None:
                 await asyncio.wait([before])  # the lane's responses run in order; how that one ended is its own
             if not committing:  # steers held for the tool output this create brings go first in its input
-                body = self._steers.held_input(body)
+                body = self._steering.held_input(body)
             config = state.config
             parse = partial(parse_responses_request, body, config.default_reasoning_effort,
                             config.served_model_name, state.renderer.tools)
@@ -198,7 +198,7 @@ class ResponsesConnection:
             self._by_id[run.id] = asyncio.current_task()  # type: ignore[assignment]
             await run.start()
             record.status = 200
-            running = self._running[run.id] = _Running(run, body, writer, stream_id)
+            running = self._steering.started(run, body, writer, stream_id)
             async for batch in run.batches():  # a stored run saves itself before its terminal event
                 async with running.sending:
                     for message in writer.messages(batch, stream_id):
@@ -206,8 +206,7 @@ class ResponsesConnection:
             resource = run.resource()
             if resource["status"] in ("completed", "incomplete"):
                 self._turns.remember(run.id, plan, resource["output"])
-            del self._running[run.id]
-            return await self._after_steers(run, resource, running)
+            return await self._steering.finished(running, resource)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task not in self._cancelled or task is None:
@@ -221,7 +220,7 @@ class ResponsesConnection:
                 record.status = error.status
             await self._error(error, stream_id)
             if run is None or not run.finished:  # the steers' successor was never created
-                await self._fail_steers(committing, "successor_creation_failed", error.message, stream_id)
+                await self._steering.fail(committing, "successor_creation_failed", error.message, stream_id)
         except (OSError, WebSocketDisconnect):  # a send to a client that has left
             record.client_left = not record.answered()
             if record.status == 0:
@@ -235,68 +234,11 @@ class ResponsesConnection:
         finally:
             if run is not None:
                 self._by_id.pop(run.id, None)
-                if self._running.pop(run.id, None) is not None and not self._closed:
-                    await self._fail_steers(self._steers.take(run.id), "response_not_active",
-                                            "The response ended before the steer could be applied.", stream_id)
+                if not self._closed:
+                    await self._steering.stopped(run.id, stream_id)
             state.metrics.stream_closed("responses")
             record.finish()
         return None
-
-    async def _steer(self, data: dict[str, Any]) -> None:
-        target, running = data.get("previous_response_id"), None
-        try:
-            steer = steering.read_steer(data)
-            running = self._running.get(steer.target)
-            if running is None:
-                done = self._turns.get(steer.target) is not None
-                raise steering.SteerError("response_already_completed" if done else "response_not_found",
-                                          f"No response {steer.target!r} is generating on this connection.")
-            problem = steering.refusal(running.body)
-            if problem is not None:
-                raise problem
-            self._steers.queue(steer)
-        except steering.SteerError as exc:
-            await self._send_event(steering.failed(exc, target, data.get("input")), running)
-            return
-        running.run.steer()
-        await self._send_event(steering.accepted(steer), running)
-
-    async def _after_steers(self, run: ResponseRun, resource: dict[str, Any],
-                            running: _Running) -> tuple[dict[str, Any], list[steering.Steer]] | None:
-        """A steered response (or one that ended with steers queued): its successor, or the steers held for the
-        tool output it waits for (`response.steer.pending`)."""
-        steers = self._steers.take(run.id)
-        if not steers:
-            return None
-        if resource["status"] not in ("completed", "incomplete"):
-            await self._fail_steers(steers, "response_not_active", "The response did not complete.", running.stream_id)
-            return None
-        required = steering.required_input(resource["output"]) if not run.steered else []
-        if not required:
-            return steering.successor(running.body, run.id, steers), steers
-        dropped = self._steers.hold(run.id, steers)
-        for steer in steers:
-            await self._send_event(steering.pending(steer, required), running)
-        await self._fail_steers(dropped, "response_not_active", "Too many responses hold steers on this "
-                                "connection.", running.stream_id)
-        return None
-
-    async def _fail_steers(self, steers: list[steering.Steer], code: str, message: str,
-                           stream_id: str | None) -> None:
-        for steer in steers:
-            await self._send_event(steering.failed(steering.SteerError(code, message), steer.target, steer.input,
-                                                   steer.id), None, stream_id)
-
-    async def _send_event(self, event: dict[str, Any], running: _Running | None,
-                          stream_id: str | None = None) -> None:
-        """An event about a response, numbered in its stream (after the events sent before it) when it runs."""
-        if running is None:
-            for message in EventWriter().messages([event], stream_id):
-                await self._send_quietly(message)
-            return
-        async with running.sending:
-            for message in running.writer.messages([event], running.stream_id):
-                await self._send_quietly(message)
 
     async def _cancelled_run(self, run: ResponseRun | None, writer: EventWriter, stream_id: str | None,
                              record: RequestRecord) -> None:
@@ -338,17 +280,6 @@ class ResponsesConnection:
         self._closed = True
         with contextlib.suppress(OSError, RuntimeError, WebSocketDisconnect):
             await self._socket.close(1000, "connection lifetime reached")
-
-
-@dataclass
-class _Running:
-    """A response generating on the connection: what a steer needs to reach it."""
-
-    run: ResponseRun
-    body: dict[str, Any]  # its create, as sent: a successor's settings
-    writer: EventWriter  # numbers its events
-    stream_id: str | None
-    sending: asyncio.Lock = field(default_factory=asyncio.Lock)  # its events go out in the order they are numbered
 
 
 def _check_envelope(stream_id: Any, generate: Any, body: dict[str, Any]) -> APIError | None:
