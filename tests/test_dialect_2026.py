@@ -174,3 +174,33 @@ def test_the_multi_agent_beta_and_async_tools_are_refused_with_the_reason(
         client.responses.create(model=MODEL, input="Hi", tools=[{**TOOLS[0], "async": True}])  # type: ignore[list-item]
     message = asynchronous.value.body["message"]  # type: ignore[index]
     assert asynchronous.value.body["param"] == "tools[0].async" and "<|call|>" in message  # type: ignore[index]
+
+
+def test_prewarm_on_a_websocket_is_generate_false(serve: Callable[..., LiveServer], vocab: Vocab) -> None:
+    """`prompt_cache_options.prewarm` in a WebSocket create pre-warms as `generate: false` does: nothing generated,
+    and the next turn extends the pre-warmed prompt."""
+    engine = Recording(mock_engine(vocab, 0.0, matchers=session_matchers(vocab)))
+    server = serve(engine=engine)
+    client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+    async def run() -> list[Any]:
+        finals = []
+        async with client.responses.connect() as connection:
+            for fields in ({"input": [QUESTION], "prompt_cache_options": {"prewarm": True}},
+                           {"input": "London too?"}):
+                previous = {"previous_response_id": finals[-1].response.id} if finals else {}
+                await connection.response.create(model=MODEL, store=False, instructions="Be brief.", **previous,
+                                                 **fields)  # type: ignore[arg-type]
+                async for event in connection:
+                    if event.type in TERMINAL:
+                        finals.append(event)
+                        break
+        return finals
+
+    warm, answered = asyncio.run(run())
+    assert warm.type == answered.type == "response.completed" and warm.response.output == []
+    assert len(engine.requests) == 1
+    text = prompt(engine, vocab)
+    assert text.index("Weather in Paris?") < text.index("London too?")
+    usage = warm.response.usage
+    assert usage is not None and 0 < usage.input_tokens < len(engine.requests[0].prompt_token_ids)
