@@ -1,6 +1,6 @@
 """OpenAI's Codex CLI (`codex exec --json`) against the real server and the scripted engine.
 
-Codex is pinned in tests/codex/package-lock.json; `npm ci` installs it (with its native binary, a platform
+Codex is pinned (0.171.0) in tests/codex/package-lock.json; `npm ci` installs it (with its native binary, a platform
 package) once into tests/codex/node_modules (git-ignored) and again only when the lock file changes. Each test
 gives Codex a CODEX_HOME of its own: Codex's default configuration plus a provider for the server and one local
 MCP server over stdio (tests/mcp_stdio.py). The provider has an `auth` command, since Codex 0.169 reads a
@@ -35,12 +35,23 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
+    """The pinned Codex; CODEX_TEST_BINARY (a codex executable) or CODEX_TEST_VERSION (an npm version, installed
+    once beside the pinned one) runs the tests against another."""
+    if os.environ.get("CODEX_TEST_BINARY"):
+        return Path(os.environ["CODEX_TEST_BINARY"]).resolve()
     installed = CODEX_DIR / "node_modules" / ".package-lock.json"  # npm writes it last, after a complete install
     lock = CODEX_DIR / "package-lock.json"
     if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=CODEX_DIR, check=True, timeout=300,
                        capture_output=True)
-    return CODEX_DIR / "node_modules" / ".bin" / "codex"
+    version = os.environ.get("CODEX_TEST_VERSION")
+    if not version:
+        return CODEX_DIR / "node_modules" / ".bin" / "codex"
+    folder = CODEX_DIR / "node_modules" / ".versions" / version  # git-ignored, and gone with the next `npm ci`
+    if not (folder / "node_modules" / ".package-lock.json").exists():
+        subprocess.run(["npm", "install", "--prefix", str(folder), "--no-save", "--no-package-lock", "--no-audit",
+                        "--no-fund", f"@openai/codex@{version}"], check=True, timeout=300, capture_output=True)
+    return folder / "node_modules" / ".bin" / "codex"
 
 
 class Codex:
@@ -290,18 +301,21 @@ def test_compacts_on_the_server_and_goes_on(
     assert len(responses_requests(caplog)) == 5 + 2 * agent.websocket  # no POST /v1/responses/compact either
 
 
+WINDOW = 5200  # above Codex 0.171's first prompt (4971 tokens) by room for a tool call, below it by 10%
+
+
 @pytest.mark.parametrize("codex", ["http"], indirect=True)
 def test_a_small_window_alone_makes_codex_compact(
     serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex], caplog: pytest.LogCaptureFixture
 ) -> None:
-    # --max-model-len 5000 alone: Codex's limit is 90% of the catalog's window, which its first request passes.
-    # Codex's instructions and tools (~4.6k tokens) then leave the summary less room than it needs, so the server
-    # leaves the tool calls and outputs out of the summary's prompt (with a warning) and the session goes on.
+    # --max-model-len WINDOW alone: Codex's limit is 90% of the catalog's window, which its first request passes.
+    # Codex's instructions and tools (~5.0k tokens in 0.171) then leave the summary less room than it needs, so the
+    # server leaves the tool calls and outputs out of the summary's prompt (with a warning) and the session goes on.
     from proxy.responses.compaction import INSTRUCTION
     from proxy.responses.compaction_items import SUMMARY_HEADING
 
     engine = Recording(scripted_engine(vocab, [SHELL_CALL, SUMMARY, SHELL_ANSWER]))
-    agent = codex(serve(engine=engine, max_model_len=5000), provider_name="OpenAI")
+    agent = codex(serve(engine=engine, max_model_len=WINDOW), provider_name="OpenAI")
     agent.workdir.joinpath("notes.txt").write_text("hello from the notes\n", encoding="utf-8")
     events = agent.exec("What do my notes say?")
     turn_completed(events)
@@ -311,4 +325,4 @@ def test_a_small_window_alone_makes_codex_compact(
     assert "hello from the notes" not in compaction  # the tool output was left out: no room
     assert SUMMARY_HEADING + "Task: say what notes.txt says." in answer
     assert any("did not fit the context" in record.getMessage() for record in caplog.records)
-    assert all(len(request.prompt_token_ids) <= 5000 for request in engine.requests)
+    assert all(len(request.prompt_token_ids) <= WINDOW for request in engine.requests)
