@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import struct
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -54,12 +56,20 @@ def codex_binary() -> Path:
     return folder / "node_modules" / ".bin" / "codex"
 
 
+AUTH = """
+[model_providers.harmony.auth]
+command = "echo"
+args = ["no-key-needed"]
+"""
+
+
 class Codex:
     """One Codex installation (CODEX_HOME) pointed at a server, and the folder it works in."""
 
     def __init__(self, binary: Path, folder: Path, server: LiveServer, websocket: bool = False,
-                 provider_name: str = "harmony-proxy", settings: str = "") -> None:
-        """`settings`: more top-level lines of Codex's config.toml."""
+                 provider_name: str = "harmony-proxy", settings: str = "", catalog: bool = True) -> None:
+        """`settings`: more top-level lines of Codex's config.toml; `catalog`: False leaves out the provider's
+        `auth` command, so Codex does not ask for the server's catalog and uses its fallback metadata."""
         self.binary = binary
         self.websocket = websocket
         self.home = folder / "codex-home"
@@ -78,10 +88,7 @@ base_url = "{server.base_url}/v1"
 wire_api = "responses"
 supports_websockets = {"true" if websocket else "false"}
 
-[model_providers.harmony.auth]
-command = "echo"
-args = ["no-key-needed"]
-
+{AUTH if catalog else ""}
 [mcp_servers.weather]
 command = "{sys.executable}"
 args = ["-m", "tests.mcp_stdio", "weather"]
@@ -326,3 +333,33 @@ def test_a_small_window_alone_makes_codex_compact(
     assert SUMMARY_HEADING + "Task: say what notes.txt says." in answer
     assert any("did not fit the context" in record.getMessage() for record in caplog.records)
     assert all(len(request.prompt_token_ids) <= WINDOW for request in engine.requests)
+
+
+def png(width: int, height: int) -> bytes:
+    """A real PNG image (grey), for Codex to attach."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = b"".join(b"\x00" + b"\x80" * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("catalog", [True, False], ids=["catalog", "fallback-metadata"])
+def test_an_attached_image_and_a_resumed_session(
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex], catalog: bool
+) -> None:
+    # With the server's catalog (text only) and with Codex's fallback metadata (images allowed, so Codex sends the
+    # image in the user message), the turn and the resumed one complete: the model reads a note for the image.
+    from proxy.responses.request.content import USER_IMAGE_NOTE
+
+    server, engine = started(serve, vocab, [SHELL_ANSWER, SECOND_ANSWER])
+    agent = codex(server, catalog=catalog)
+    agent.workdir.joinpath("screen.png").write_bytes(png(8, 8))
+    first = agent.exec("What does this screenshot show?", "--image", "screen.png")
+    turn_completed(first)
+    again = agent.exec("resume", first[0]["thread_id"], "And now?")
+    turn_completed(again)
+    assert [message["text"] for message in items(again, "agent_message")] == ["Still hello."]
+    for prompt in prompts(engine, vocab):
+        assert "What does this screenshot show?" in prompt and "iVBOR" not in prompt
+        assert (USER_IMAGE_NOTE in prompt) == (not catalog), prompt[-3000:]

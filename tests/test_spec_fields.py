@@ -466,7 +466,7 @@ KINDS = [
                      "mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response", "web_search_call",
                      "code_interpreter_call", "compaction", "compaction_trigger"}),
           lambda kind: {"input": [QUESTION, {"type": kind}]}, "input[1].type"),
-    Kinds("responses content parts", ResponseInputContentParam, RESPONSES, frozenset({"input_text"}),
+    Kinds("responses content parts", ResponseInputContentParam, RESPONSES, frozenset({"input_text", "input_image"}),
           lambda kind: {"input": [{"role": "user", "content": [{"type": kind}]}]}, "input[0].content[0]"),
     Kinds("responses tool_choice", responses_params.ToolChoice, RESPONSES, frozenset({"function", "custom"}),
           lambda kind: {"input": "Hi", "tools": [TOOL], "tool_choice": {"type": kind}}, "tool_choice.type"),
