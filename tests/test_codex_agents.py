@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from openai.types.beta.beta_response_input_item_param import AgentMessage as BetaAgentMessage
 from pydantic import TypeAdapter
@@ -19,9 +18,10 @@ from proxy.engines.playback import PlaybackEngine
 from proxy.responses.agent_messages import UNREADABLE_NOTE
 from proxy.responses.request.content import AGENT_IMAGE_NOTE
 from proxy.responses.sealing import AGENT_MESSAGE, Sealer
-from tests.conftest import MODEL, LiveServer
+from tests.conftest import LiveServer
 from tests.engines import Recording
 from tests.test_codex import Codex, codex, codex_binary, items, turn_completed  # noqa: F401 (fixtures)
+from tests.test_codex_dialect import post, stream
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -69,10 +69,11 @@ def test_a_sub_agent_gets_its_task_and_the_parent_its_answer(
     sealed = Sealer(KEY).prefix  # how the server's blobs begin
     # The sub-agent read its task: Codex carried it sealed and the server opened it, as a user message.
     assert f"<|start|>user<|message|>{NEW_TASK}<|end|><|start|>assistant" in children[0]
-    # The parent's call renders as the model wrote it, and the sub-agent's answer follows the wait.
-    for prompt in parents[1:]:
+    # The parent's call renders as the model wrote it (in the sub-agent's forked history too), and the sub-agent's
+    # answer follows the wait.
+    for prompt in [*parents[1:], *children]:
         assert f"to=collaboration.spawn_agent <|constrain|>json<|message|>{TASK}<|call|>" in prompt
-        assert sealed not in prompt
+    assert not any(sealed in prompt for prompt in prompts)
     assert parents[2].endswith(f"<|start|>user<|message|>{FINAL_ANSWER}<|end|><|start|>assistant")
 
 
@@ -94,17 +95,6 @@ def agent_message(*parts: dict[str, Any], author: str = "/root", recipient: str 
     item = {"type": "agent_message", "author": author, "recipient": recipient, "content": list(parts)}
     TypeAdapter(BetaAgentMessage).validate_python(item)
     return item
-
-
-def stream(server: LiveServer, body: dict[str, Any]) -> list[dict[str, Any]]:
-    with httpx.stream("POST", server.base_url + "/v1/responses", json={"model": MODEL, "stream": True, **body},
-                      timeout=30) as response:
-        assert response.status_code == 200, response.read()
-        return [json.loads(line[len("data: "):]) for line in response.iter_lines() if line.startswith("data: ")]
-
-
-def post(server: LiveServer, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(server.base_url + "/v1/responses", json={"model": MODEL, **body}, timeout=30)
 
 
 def test_an_encrypted_parameter_leaves_sealed_and_an_agent_message_opens(
