@@ -20,7 +20,7 @@ from proxy.responses.request.content import AGENT_IMAGE_NOTE
 from proxy.responses.sealing import AGENT_MESSAGE, Sealer
 from tests.conftest import LiveServer
 from tests.engines import Recording
-from tests.test_codex import Codex, codex, codex_binary, items, turn_completed  # noqa: F401 (fixtures)
+from tests.test_codex import MCP_ANSWER, MCP_CALL, Codex, codex, codex_binary, items, turn_completed  # noqa: F401
 from tests.test_codex_dialect import post, stream
 
 pytestmark = pytest.mark.timeout(90)
@@ -193,3 +193,21 @@ def test_the_catalog_leaves_responses_lite_off(serve: Callable[..., LiveServer],
     error = json.loads(failed["error"]["message"])["error"]
     assert error["param"] in ("reasoning.context", "input[0].tools[0].name"), error
     assert engine.requests == []
+
+
+def test_the_catalog_leaves_the_search_tool_off(serve: Callable[..., LiveServer], vocab: Any, codex_binary: Path,  # noqa: F811
+                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Why the catalog says `supports_search_tool: false`: with it on, Codex 0.171 leaves its MCP tools out of
+    # `tools` and offers a `tool_search` tool that Codex runs itself (`execution: "client"`), so gpt-oss would have
+    # to search before any MCP call, in an item (tool_search_call) this server does not write: whether the server
+    # refuses `tool_search` or ignores it, the model never sees the MCP tools. Off, they are declared up front
+    # (test_codex.py's test_mcp_tool_routed_through_its_namespace).
+    import proxy.status
+    from proxy.codex_catalog import codex_model_info
+
+    monkeypatch.setattr(proxy.status, "codex_model_info",
+                        lambda config: {**codex_model_info(config), "supports_search_tool": True})
+    engine = Recording(agents_engine(vocab, [MCP_CALL, MCP_ANSWER], []))
+    events = Codex(codex_binary, tmp_path, serve(engine=engine)).exec("What is the weather in Paris?")
+    assert not items(events, "mcp_tool_call")
+    assert all("namespace mcp__weather" not in vocab.decode(request.prompt_token_ids) for request in engine.requests)
