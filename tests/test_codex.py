@@ -308,21 +308,25 @@ def test_compacts_on_the_server_and_goes_on(
     assert len(responses_requests(caplog)) == 5 + 2 * agent.websocket  # no POST /v1/responses/compact either
 
 
-WINDOW = 5200  # above Codex 0.171's first prompt (4971 tokens) by room for a tool call, below it by 10%
-
-
 @pytest.mark.parametrize("codex", ["http"], indirect=True)
 def test_a_small_window_alone_makes_codex_compact(
-    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex], caplog: pytest.LogCaptureFixture
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex], caplog: pytest.LogCaptureFixture,
+    codex_binary: Path, tmp_path: Path
 ) -> None:
-    # --max-model-len WINDOW alone: Codex's limit is 90% of the catalog's window, which its first request passes.
-    # Codex's instructions and tools (~5.0k tokens in 0.171) then leave the summary less room than it needs, so the
-    # server leaves the tool calls and outputs out of the summary's prompt (with a warning) and the session goes on.
+    # --max-model-len alone: Codex's limit is 90% of the catalog's window, which its first request passes. Codex's
+    # instructions and tools (~5.0k tokens in 0.171, fewer in 0.169) then leave the summary less room than it needs,
+    # so the server leaves the tool calls and outputs out of the summary's prompt (with a warning) and the session
+    # goes on. The window is this Codex's first prompt (measured on a session of its own) and room for a tool call.
     from proxy.responses.compaction import INSTRUCTION
     from proxy.responses.compaction_items import SUMMARY_HEADING
 
+    measured = Recording(scripted_engine(vocab, [SHELL_ANSWER]))
+    (tmp_path / "measure").mkdir()
+    turn_completed(Codex(codex_binary, tmp_path / "measure", serve(engine=measured), provider_name="OpenAI")
+                   .exec("What do my notes say?"))
+    window = len(measured.requests[0].prompt_token_ids) + len(vocab.encode_harmony(SHELL_CALL)) + 20
     engine = Recording(scripted_engine(vocab, [SHELL_CALL, SUMMARY, SHELL_ANSWER]))
-    agent = codex(serve(engine=engine, max_model_len=WINDOW), provider_name="OpenAI")
+    agent = codex(serve(engine=engine, max_model_len=window), provider_name="OpenAI")
     agent.workdir.joinpath("notes.txt").write_text("hello from the notes\n", encoding="utf-8")
     events = agent.exec("What do my notes say?")
     turn_completed(events)
@@ -332,7 +336,7 @@ def test_a_small_window_alone_makes_codex_compact(
     assert "hello from the notes" not in compaction  # the tool output was left out: no room
     assert SUMMARY_HEADING + "Task: say what notes.txt says." in answer
     assert any("did not fit the context" in record.getMessage() for record in caplog.records)
-    assert all(len(request.prompt_token_ids) <= WINDOW for request in engine.requests)
+    assert all(len(request.prompt_token_ids) <= window for request in engine.requests)
 
 
 def png(width: int, height: int) -> bytes:
