@@ -70,4 +70,7 @@ def codex_model_info(config: ServerConfig) -> dict[str, Any]:
         "context_window": config.max_model_len,
         "experimental_supported_tools": [],
         "input_modalities": ["text"],
+        "multi_agent_version": "v2",  # sub-agents' messages sealed and opened here (proxy/responses/agent_messages.py)
+        "supports_search_tool": False,  # every tool declared up front: MCP tools are not deferred behind a search
+        "use_responses_lite": False,  # Lite's tools come as a `functions` namespace, reserved in Harmony
     }

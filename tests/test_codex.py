@@ -1,6 +1,6 @@
 """OpenAI's Codex CLI (`codex exec --json`) against the real server and the scripted engine.
 
-Codex is pinned in tests/codex/package-lock.json; `npm ci` installs it (with its native binary, a platform
+Codex is pinned (0.171.0) in tests/codex/package-lock.json; `npm ci` installs it (with its native binary, a platform
 package) once into tests/codex/node_modules (git-ignored) and again only when the lock file changes. Each test
 gives Codex a CODEX_HOME of its own: Codex's default configuration plus a provider for the server and one local
 MCP server over stdio (tests/mcp_stdio.py). The provider has an `auth` command, since Codex 0.169 reads a
@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import struct
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,20 +37,39 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
+    """The pinned Codex; CODEX_TEST_BINARY (a codex executable) or CODEX_TEST_VERSION (an npm version, installed
+    once beside the pinned one) runs the tests against another."""
+    if os.environ.get("CODEX_TEST_BINARY"):
+        return Path(os.environ["CODEX_TEST_BINARY"]).resolve()
     installed = CODEX_DIR / "node_modules" / ".package-lock.json"  # npm writes it last, after a complete install
     lock = CODEX_DIR / "package-lock.json"
     if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=CODEX_DIR, check=True, timeout=300,
                        capture_output=True)
-    return CODEX_DIR / "node_modules" / ".bin" / "codex"
+    version = os.environ.get("CODEX_TEST_VERSION")
+    if not version:
+        return CODEX_DIR / "node_modules" / ".bin" / "codex"
+    folder = CODEX_DIR / "node_modules" / ".versions" / version  # git-ignored, and gone with the next `npm ci`
+    if not (folder / "node_modules" / ".package-lock.json").exists():
+        subprocess.run(["npm", "install", "--prefix", str(folder), "--no-save", "--no-package-lock", "--no-audit",
+                        "--no-fund", f"@openai/codex@{version}"], check=True, timeout=300, capture_output=True)
+    return folder / "node_modules" / ".bin" / "codex"
+
+
+AUTH = """
+[model_providers.harmony.auth]
+command = "echo"
+args = ["no-key-needed"]
+"""
 
 
 class Codex:
     """One Codex installation (CODEX_HOME) pointed at a server, and the folder it works in."""
 
     def __init__(self, binary: Path, folder: Path, server: LiveServer, websocket: bool = False,
-                 provider_name: str = "harmony-proxy", settings: str = "") -> None:
-        """`settings`: more top-level lines of Codex's config.toml."""
+                 provider_name: str = "harmony-proxy", settings: str = "", catalog: bool = True) -> None:
+        """`settings`: more top-level lines of Codex's config.toml; `catalog`: False leaves out the provider's
+        `auth` command, so Codex does not ask for the server's catalog and uses its fallback metadata."""
         self.binary = binary
         self.websocket = websocket
         self.home = folder / "codex-home"
@@ -67,10 +88,7 @@ base_url = "{server.base_url}/v1"
 wire_api = "responses"
 supports_websockets = {"true" if websocket else "false"}
 
-[model_providers.harmony.auth]
-command = "echo"
-args = ["no-key-needed"]
-
+{AUTH if catalog else ""}
 [mcp_servers.weather]
 command = "{sys.executable}"
 args = ["-m", "tests.mcp_stdio", "weather"]
@@ -292,16 +310,23 @@ def test_compacts_on_the_server_and_goes_on(
 
 @pytest.mark.parametrize("codex", ["http"], indirect=True)
 def test_a_small_window_alone_makes_codex_compact(
-    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex], caplog: pytest.LogCaptureFixture
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex], caplog: pytest.LogCaptureFixture,
+    codex_binary: Path, tmp_path: Path
 ) -> None:
-    # --max-model-len 5000 alone: Codex's limit is 90% of the catalog's window, which its first request passes.
-    # Codex's instructions and tools (~4.6k tokens) then leave the summary less room than it needs, so the server
-    # leaves the tool calls and outputs out of the summary's prompt (with a warning) and the session goes on.
+    # --max-model-len alone: Codex's limit is 90% of the catalog's window, which its first request passes. Codex's
+    # instructions and tools (~5.0k tokens in 0.171, fewer in 0.169) then leave the summary less room than it needs,
+    # so the server leaves the tool calls and outputs out of the summary's prompt (with a warning) and the session
+    # goes on. The window is this Codex's first prompt (measured on a session of its own) and room for a tool call.
     from proxy.responses.compaction import INSTRUCTION
     from proxy.responses.compaction_items import SUMMARY_HEADING
 
+    measured = Recording(scripted_engine(vocab, [SHELL_ANSWER]))
+    (tmp_path / "measure").mkdir()
+    turn_completed(Codex(codex_binary, tmp_path / "measure", serve(engine=measured), provider_name="OpenAI")
+                   .exec("What do my notes say?"))
+    window = len(measured.requests[0].prompt_token_ids) + len(vocab.encode_harmony(SHELL_CALL)) + 20
     engine = Recording(scripted_engine(vocab, [SHELL_CALL, SUMMARY, SHELL_ANSWER]))
-    agent = codex(serve(engine=engine, max_model_len=5000), provider_name="OpenAI")
+    agent = codex(serve(engine=engine, max_model_len=window), provider_name="OpenAI")
     agent.workdir.joinpath("notes.txt").write_text("hello from the notes\n", encoding="utf-8")
     events = agent.exec("What do my notes say?")
     turn_completed(events)
@@ -311,4 +336,37 @@ def test_a_small_window_alone_makes_codex_compact(
     assert "hello from the notes" not in compaction  # the tool output was left out: no room
     assert SUMMARY_HEADING + "Task: say what notes.txt says." in answer
     assert any("did not fit the context" in record.getMessage() for record in caplog.records)
-    assert all(len(request.prompt_token_ids) <= 5000 for request in engine.requests)
+    assert all(len(request.prompt_token_ids) <= window for request in engine.requests)
+
+
+def png(width: int, height: int) -> bytes:
+    """A real PNG image (grey), for Codex to attach."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = b"".join(b"\x00" + b"\x80" * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("catalog", [True, False], ids=["catalog", "fallback-metadata"])
+def test_an_attached_image_and_a_resumed_session(
+    serve: Callable[..., LiveServer], vocab: Any, codex: Callable[..., Codex], catalog: bool
+) -> None:
+    # With the server's catalog (text only: Codex leaves the image out itself) and with Codex's fallback metadata
+    # (images allowed: Codex sends the image in the user message, and keeps it in the session's history), the turn
+    # and the resumed one complete: the model reads a note for the image.
+    from proxy.responses.request.content import USER_IMAGE_NOTE
+
+    server, engine = started(serve, vocab, [SHELL_ANSWER, SECOND_ANSWER])
+    agent = codex(server, catalog=catalog)
+    agent.workdir.joinpath("screen.png").write_bytes(png(8, 8))
+    first = agent.exec("What does this screenshot show?", "--image", "screen.png")
+    turn_completed(first)
+    again = agent.exec("resume", first[0]["thread_id"], "And now?")
+    turn_completed(again)
+    assert [message["text"] for message in items(again, "agent_message")] == ["Still hello."]
+    for prompt in prompts(engine, vocab):
+        assert "What does this screenshot show?" in prompt and "iVBOR" not in prompt
+        # Codex's own note where the catalog says text only, the server's where Codex sent the image
+        note = "image content omitted because you do not support image input" if catalog else USER_IMAGE_NOTE
+        assert f'<image name=[Image #1] path="screen.png">\n{note}\n</image>\nWhat does' in prompt

@@ -20,7 +20,7 @@ from proxy.engines.base import OutputConstraint
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
 from proxy.engines.upstream_constraints import GuidedDecoding
-from proxy.responses.request.parse import IMAGE_NOTE
+from proxy.responses.request.content import IMAGE_NOTE, USER_IMAGE_NOTE
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
 from tests.grammars import session_matchers
@@ -58,11 +58,38 @@ def test_an_image_in_a_tool_output_becomes_a_note(serve: Callable[..., LiveServe
     validate_response(second.json())
 
 
-def test_an_image_in_a_user_message_is_still_refused(serve: Callable[..., LiveServer]) -> None:
-    response = post(serve(completions=[ANSWER]), {"input": [{"role": "user", "content": [IMAGE]}]})
+def test_an_image_in_a_user_message_becomes_a_note(serve: Callable[..., LiveServer], vocab: Any,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    engine = Recording(scripted_engine(vocab, [ANSWER, ANSWER]))
+    server = serve(engine=engine)
+    message = {"role": "user", "content": [{"type": "input_text", "text": "What is in this picture?"}, IMAGE]}
+    with caplog.at_level(logging.WARNING, logger="harmony_proxy"):
+        first = client_for(server).responses.create(model=MODEL, input=[message], store=True)
+    assert first.status == "completed"
+    prompt = vocab.decode(engine.requests[0].prompt_token_ids)
+    assert f"<|start|>user<|message|>What is in this picture?\n{USER_IMAGE_NOTE}<|end|>" in prompt
+    assert "base64" not in prompt and "iVBOR" not in prompt
+    assert any("input[0].content[1]: an image in a user message was replaced" in record.getMessage()
+               for record in caplog.records if record.levelno == logging.WARNING)
+    # the image is kept as sent (input_items), and a later turn that continues from it goes on
+    listed = httpx.get(f"{server.base_url}/v1/responses/{first.id}/input_items", timeout=30).json()["data"]
+    assert listed[0]["content"][1]["image_url"] == IMAGE["image_url"]
+    second = post(server, {"previous_response_id": first.id, "input": "And now?"})
+    assert second.status_code == 200, second.text
+    assert USER_IMAGE_NOTE in vocab.decode(engine.requests[1].prompt_token_ids)
+
+
+@pytest.mark.parametrize(("message", "param"), [
+    ({"role": "assistant", "content": [IMAGE]}, "input[0].content[0]"),  # an assistant writes no images
+    ({"role": "developer", "content": [IMAGE]}, "input[0].content[0]"),
+    ({"role": "user", "content": [{"type": "input_file", "file_id": "file_1"}]}, "input[0].content[0]"),
+])
+def test_other_content_parts_are_still_refused(serve: Callable[..., LiveServer], message: dict[str, Any],
+                                               param: str) -> None:
+    response = post(serve(completions=[ANSWER]), {"input": [message]})
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error["code"] == "unsupported_content" and error["param"] == "input[0].content[0]"
+    assert error["code"] == "unsupported_content" and error["param"] == param
     assert "text only" in error["message"]
 
 

@@ -273,7 +273,7 @@ def test_incomplete_and_failed(serve: Callable[..., LiveServer], vocab: Any) -> 
         ({"input": "x", "background": True, "stream": True}, 400, "stream"),
         ({"input": "x", "previous_response_id": "resp_nope"}, 404, "previous_response_id"),
         ({"input": "x", "reasoning": {"effort": "ultra"}}, 400, "reasoning.effort"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
+        ({"input": [{"role": "developer", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
          "input[0].content[0]"),
         ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]}, 400, "input[0].call_id"),
         ({"input": [{"type": "computer_call"}]}, 400, "input[0].type"),

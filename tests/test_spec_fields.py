@@ -524,7 +524,7 @@ KINDS = [
     Kinds("beta responses input items", BetaResponseInputItemParam, RESPONSES,
           KINDS_SERVED_ITEMS | {"agent_message"},  # agent_message: Codex's sub-agents, issue 27's branch `codex`
           lambda kind: {"input": [QUESTION, {"type": kind}]}, "input[1].type"),
-    Kinds("responses content parts", ResponseInputContentParam, RESPONSES, frozenset({"input_text"}),
+    Kinds("responses content parts", ResponseInputContentParam, RESPONSES, frozenset({"input_text", "input_image"}),
           lambda kind: {"input": [{"role": "user", "content": [{"type": kind}]}]}, "input[0].content[0]"),
     Kinds("responses tool_choice", responses_params.ToolChoice, RESPONSES, frozenset({"function", "custom"}),
           lambda kind: {"input": "Hi", "tools": [TOOL], "tool_choice": {"type": kind}}, "tool_choice.type"),

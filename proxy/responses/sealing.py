@@ -1,7 +1,8 @@
 """Sealed blobs: what the server hands a stateless client to carry and send back, unreadable and unforgeable.
 
 `encrypted_content` of a reasoning item holds the token ids of the model's analysis message, so that sent back
-it renders token for token as the model wrote it; a `compaction` item's holds the compacted conversation. Both
+it renders token for token as the model wrote it; a `compaction` item's holds the compacted conversation; an
+encrypted tool parameter (Codex's sub-agent messages, proxy/responses/agent_messages.py) holds its text. All
 are AES-GCM (`cryptography`) under a key the operator gives (`--reasoning-key`, or HARMONY_PROXY_REASONING_KEY,
 shared by replicas) or, without one, a random key made at start.
 
@@ -36,7 +37,7 @@ logger = logging.getLogger("harmony_proxy")
 KEY_ENV = "HARMONY_PROXY_REASONING_KEY"
 VERSION = 1
 ISSUER = b"harmony-proxy"
-REASONING, COMPACTION = "reasoning", "compaction"
+REASONING, COMPACTION, AGENT_MESSAGE = "reasoning", "compaction", "agent_message"
 _KEY_ID_BYTES, _NONCE_BYTES = 8, 12
 _HEADER = 1 + _KEY_ID_BYTES + _NONCE_BYTES
 MIN_SECRET_CHARS = 16
@@ -64,6 +65,8 @@ class Sealer:
                         info=b"harmony-proxy sealed blobs").derive(secret.encode())
         self._aead = AESGCM(material)
         self.key_id = hashlib.sha256(b"harmony-proxy key id" + material).digest()[:_KEY_ID_BYTES]
+        # How every blob sealed here begins (9 bytes are 12 base64 characters): finds them inside other text.
+        self.prefix = base64.urlsafe_b64encode(bytes([VERSION]) + self.key_id).decode("ascii")
 
     def seal(self, kind: str, payload: dict[str, Any]) -> str:
         nonce = os.urandom(_NONCE_BYTES)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from parsers.events import Event, ItemDone, ItemKind, ItemStarted
+from proxy.responses.agent_messages import ArgumentSealer
 from proxy.responses.hosted import HostedTools
 from proxy.responses.output import server_output
 from proxy.responses.output.server_output import ApprovedCall, CallResult, ServerCall, ToolEvent, ToolsListed
@@ -39,8 +40,11 @@ class ResponseOutput:
         seal: Seal | None = None,
         leading: list[dict[str, Any]] | tuple[()] = (),
         custom_tools: frozenset[tuple[str | None, str]] = frozenset(),
+        arguments: ArgumentSealer | None = None,
     ) -> None:
-        """`leading`: whole items the output begins with (a compaction item), announced with the first events."""
+        """`leading`: whole items the output begins with (a compaction item), announced with the first events.
+        `arguments` seals the encrypted parameters of calls: such a call's arguments come as one delta, sealed,
+        when the call is complete (proxy/responses/agent_messages.py)."""
         self._new_id = new_id
         self._custom_tools = custom_tools  # (namespace, name) of the custom tools: their calls are custom_tool_call
         self._seal = seal  # reasoning items carry encrypted_content (include: reasoning.encrypted_content)
@@ -55,6 +59,8 @@ class ResponseOutput:
         self._items: list[Item] = [Item(index, body, ItemKind.SERVER_CALL) for index, body in enumerate(leading)]
         self._unannounced = list(self._items)  # whole items, no target: written as they are
         self._open: Item | None = None  # None also while a call past max_tool_calls is skipped
+        self._arguments = arguments
+        self._sealing: tuple[str, ...] = ()  # the open call's encrypted parameters: its deltas wait for its end
         self.tool_calls = 0
 
     def add(self, events: Iterable[Event | ToolEvent]) -> list[Payload | TextDelta]:
@@ -69,7 +75,8 @@ class ResponseOutput:
             if type(event) is str:
                 if self._open is not None:
                     self._open.pieces.append(event)
-                    pending.append(event)
+                    if not self._sealing:
+                        pending.append(event)
                 continue
             if pending:
                 payloads.append((self._open, "".join(pending)))  # type: ignore[arg-type]
@@ -131,6 +138,8 @@ class ResponseOutput:
                         "call_id": self._new_id("call_"), "name": event.name or "", "arguments": ""}
             if event.namespace is not None:  # a member of the client's namespace tool: Codex routes by both
                 body["namespace"] = event.namespace
+            if self._arguments is not None and body["type"] == "function_call":
+                self._sealing = self._arguments.parameters(event.namespace, body["name"])
         elif kind is ItemKind.REASONING:
             body = {"id": self._new_id("rs_"), "type": "reasoning", "status": "in_progress", "summary": [],
                     "content": []}
@@ -172,6 +181,13 @@ class ResponseOutput:
 
     def _finish(self, item: Item, status: str, tokens: tuple[int, ...] | None = None) -> list[Payload]:
         self._open = None
+        sealed: list[Payload] = []
+        if self._sealing:
+            arguments, names = self._arguments.seal(item.text, self._sealing)  # type: ignore[union-attr]
+            item.pieces[:] = [arguments]
+            item.body["encrypted_function_args"] = names
+            sealed = [(item, arguments)]  # type: ignore[list-item]
+            self._sealing = ()
         if item.kind is ItemKind.SERVER_CALL:
             if status != "completed":
                 return server_output.cut_off(item, was_written=False)
@@ -190,8 +206,8 @@ class ResponseOutput:
         if item.kind is ItemKind.TOOL_CALL and _custom(item):
             payloads = [{"type": "response.custom_tool_call_input.done", **where, "input": text}]
         elif item.kind is ItemKind.TOOL_CALL:
-            payloads = [{"type": "response.function_call_arguments.done", **where, "name": body["name"],
-                         "arguments": text}]
+            payloads = [*sealed, {"type": "response.function_call_arguments.done", **where, "name": body["name"],
+                                  "arguments": text}]
         elif item.kind is ItemKind.REASONING:
             payloads = [{"type": f"{self._reasoning_event}.done", **where, "content_index": 0, "text": text},
                         {"type": "response.content_part.done", **where, "content_index": 0,

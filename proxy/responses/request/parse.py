@@ -28,10 +28,12 @@ from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
 from proxy.options import HARMONY_EFFORT, GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
+from proxy.responses.agent_messages import agent_message_text, call_arguments
 from proxy.responses.compaction_items import SUMMARY_HEADING, kept_before_compaction, latest_compaction, summary_text
 from proxy.responses.output.server_items import ID_PREFIXES, ServerItems
 from proxy.responses.request.client_tools import CLIENT_TOOL_TYPES, read_client_tools
 from proxy.responses.request.configuration import Settings, configured_settings
+from proxy.responses.request.content import TEXT_PARTS, message_text, output_text
 from proxy.responses.request.hosted_request import MAX_SERVER_TOOLS, HostedRequest, split_server_tools
 from proxy.responses.request.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.sealing import Sealer
@@ -53,10 +55,8 @@ _ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
 _ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_",
               "additional_tools": "at_", "compaction": "cmp_", "compaction_trigger": "cmpt_",
               "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", "configuration_update": "cfg_",
-              **ID_PREFIXES}
-_TEXT_PARTS = {"input_text", "output_text", "text"}
-# What the model reads in place of an image a tool returned.
-IMAGE_NOTE = "[The tool returned an image here. This model reads text only, so the image is not shown.]"
+              "agent_message": "amsg_", **ID_PREFIXES}
+
 
 logger = logging.getLogger("harmony_proxy")
 
@@ -334,7 +334,9 @@ def _normalize(item: Any, where: str) -> dict[str, Any]:
         if isinstance(content, str):
             content = [{"type": part, "text": content, **({"annotations": []} if part == "output_text" else {})}]
         for index, piece in enumerate(content):
-            if piece["type"] not in _TEXT_PARTS and piece["type"] != "refusal":
+            if piece["type"] == "input_image" and item["role"] == "user":
+                continue  # read as a note (content.py)
+            if piece["type"] not in TEXT_PARTS and piece["type"] != "refusal":
                 raise invalid_request(f"Content part type {piece['type']!r} is not supported: gpt-oss takes text only.",
                                       param=f"{where}.content[{index}]", code="unsupported_content")
         item = {**item, "content": content, "status": item.get("status") or "completed"}
@@ -357,7 +359,7 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
         kind = item["type"]
         if position < compaction and not kept_before_compaction(item):
             if kind == "function_call":  # an output after the compaction may still answer it
-                calls[item["call_id"]] = ToolCall(item["call_id"], item["name"], item["arguments"],
+                calls[item["call_id"]] = ToolCall(item["call_id"], item["name"], call_arguments(item, sealer),
                                                   _namespace(item, where))
             continue
         if kind == "compaction":
@@ -367,7 +369,7 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
         elif kind in ("compaction_trigger", "configuration_update"):
             continue  # a compaction asked for (routes), settings (configuration.py): nothing the model reads here
         elif kind == "message":
-            text = "\n".join(part.get("text") or part.get("refusal") or "" for part in item["content"])
+            text = message_text(item["content"], where)
             role = item["role"]
             if role == "user":
                 conversation.append(UserMessage(text))
@@ -381,7 +383,7 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
                 conversation.append(reasoning)
         elif kind in ("function_call", "custom_tool_call"):
             freeform = kind == "custom_tool_call"
-            call = ToolCall(item["call_id"], item["name"], item["input" if freeform else "arguments"],
+            call = ToolCall(item["call_id"], item["name"], item["input"] if freeform else call_arguments(item, sealer),
                             _namespace(item, where), freeform=freeform)
             try:
                 make_tool(item["name"], None, None, None, where)
@@ -395,8 +397,10 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
                 what = "custom tool" if kind == "custom_tool_call_output" else "function"
                 raise invalid_request(f"No {what} call with call_id {item['call_id']!r} precedes this output.",
                                       param=f"{where}.call_id")
-            conversation.append(ToolResult(item["call_id"], call.name, _output_text(item["output"], where),
+            conversation.append(ToolResult(item["call_id"], call.name, output_text(item["output"], where),
                                            call.namespace))
+        elif kind == "agent_message":
+            conversation.append(UserMessage(agent_message_text(item, sealer, where)))
         elif kind == "additional_tools":
             continue  # its tools are declared with the request's own (client_tools.py)
         else:  # the items of tools the server ran (proxy/responses/output/server_items.py)
@@ -433,25 +437,6 @@ def _is_preamble(items: list[dict[str, Any]], position: int) -> bool:
         if later["type"] != "reasoning":
             return later["type"] in ("function_call", "custom_tool_call")
     return False
-
-
-def _output_text(output: Any, where: str) -> str:
-    """A tool's output as text. An image in it (Codex's `view_image`) becomes a short note, so the session goes on:
-    gpt-oss reads text only, and the image stays in the client's history, so a 400 would fail every later turn."""
-    if isinstance(output, str):
-        return output
-    texts = []
-    for index, part in enumerate(output):
-        if part["type"] == "input_image":
-            logger.info("%s.output[%d]: an image in a tool output was replaced by a text note (gpt-oss reads text "
-                        "only)", where, index)
-            texts.append(IMAGE_NOTE)
-        elif part["type"] not in _TEXT_PARTS:
-            raise invalid_request(f"Tool output part type {part['type']!r} is not supported: text only (an image "
-                                  "becomes a note).", param=f"{where}.output[{index}]", code="unsupported_content")
-        else:
-            texts.append(part.get("text", ""))
-    return "\n".join(texts)
 
 
 def _tool_choice(value: Any) -> ToolChoice:

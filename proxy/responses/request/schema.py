@@ -70,6 +70,8 @@ ITEMS: dict[str, dict[str, Any]] = {
         "async": _NULLABLE_BOOL,
         "async_": _NULLABLE_BOOL,
         "namespace": {"type": ["string", "null"]},
+        # the parameters whose values this server sealed (proxy/responses/agent_messages.py)
+        "encrypted_function_args": {"type": ["array", "null"], "items": _STRING},
     }),
     # `name` and `namespace` are ignored: the output belongs to the call its `call_id` names.
     "function_call_output": _object(["call_id", "output"], {
@@ -109,6 +111,21 @@ ITEMS: dict[str, dict[str, Any]] = {
         "id": {"type": ["string", "null"]},
         "role": {"const": "developer"},
         "tools": {"type": "array", "items": {"type": "object"}},
+    }),
+    # A message between Codex's agents (proxy/responses/agent_messages.py): text, and parts this server sealed.
+    "agent_message": _object(["author", "recipient", "content"], {
+        "type": {"const": "agent_message"},
+        "id": {"type": ["string", "null"]},
+        "author": _STRING,
+        "recipient": _STRING,
+        "content": {"type": "array", "items": {"anyOf": [
+            {"type": "object", "required": ["type", "text"], "properties": {"type": {"const": "input_text"},
+                                                                           "text": _STRING}},
+            {"type": "object", "required": ["type"], "properties": {"type": {"const": "input_image"}}},
+            _object(["type", "encrypted_content"], {"type": {"const": "encrypted_content"},
+                                                    "encrypted_content": _STRING})]}},
+        "agent": {"type": ["object", "null"]},
+        "status": _STATUS,
     }),
     "item_reference": _object(["id"], {"type": {"const": "item_reference"}, "id": _STRING}),
     # Settings from this point of the conversation on, until a later update (request/configuration.py).

@@ -16,6 +16,7 @@ from proxy.generation import parsed_events
 from proxy.ids import new_id
 from proxy.options import generation_request, routing_hints
 from proxy.outcome import Outcome
+from proxy.responses.agent_messages import ArgumentSealer
 from proxy.responses.compaction import compact_first
 from proxy.responses.compaction_items import split_trigger
 from proxy.responses.hosted import HostedTools, offered_builtins
@@ -170,6 +171,7 @@ def _output(state: ServerState, parsed: ResponsesRequest, hosted: HostedTools | 
         seal=state.sealer.seal_reasoning if parsed.sealed_reasoning else None,
         leading=leading or (),
         custom_tools=frozenset((tool.namespace, tool.name) for tool in parsed.tools if tool.freeform is not None),
+        arguments=ArgumentSealer(state.sealer, parsed.tools),
     )
 
 
