@@ -36,7 +36,7 @@ class Rendered:
 
 
 def header_of(prompt: Prompt, leading: Sequence[Instructions]) -> tuple[Hashable, ...]:
-    """Everything the system and developer messages are rendered from (parsers/render.py)."""
+    """Everything the system and developer messages are rendered from (parsers/opening_messages.py)."""
     return (prompt.reasoning_effort, tuple(sorted(set(prompt.builtin_tools))), tuple(item.text for item in leading),
             tuple(tool.key for tool in prompt.tools), tuple(sorted(prompt.namespaces.items())),
             tuple(sorted(prompt.tool_namespaces.items())),

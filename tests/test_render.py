@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from openai_harmony import Author, DeveloperContent, Message, RenderOptions, Role, SystemContent, ToolDescription
 
 from parsers.conversation import AssistantMessage, Instructions, Prompt, Reasoning, ToolCall, ToolResult, UserMessage
-from parsers.render import EFFORTS, KNOWLEDGE_CUTOFF, Renderer, _visible_history, split_leading_instructions
+from parsers.message_tokens import MessageWriter
+from parsers.opening_messages import EFFORTS, KNOWLEDGE_CUTOFF
+from parsers.render import Renderer, _visible_history, split_leading_instructions
 from parsers.vocab import Vocab, load_vocab
 from proxy.chat.request import parse_chat_request
 from tests.conftest import FIXTURES
@@ -95,6 +97,7 @@ def test_analysis_is_kept_only_inside_an_unfinished_tool_loop(
 
 VOCAB = load_vocab()
 RENDERER = Renderer(VOCAB)
+MESSAGES = MessageWriter(VOCAB)
 
 
 def library_render(prompt: Prompt) -> list[int]:
@@ -116,7 +119,7 @@ def library_render(prompt: Prompt) -> list[int]:
         tokens += encoding.render(Message.from_role_and_content(Role.DEVELOPER, developer), options)
     for item in _visible_history(rest):
         if isinstance(item, ToolCall):
-            tokens += RENDERER._tool_call(item)
+            tokens += MESSAGES.item(item)
             continue
         if isinstance(item, UserMessage):
             message = Message.from_role_and_content(Role.USER, item.text)

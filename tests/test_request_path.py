@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsers.conversation import AssistantMessage, Instructions, Prompt, Reasoning, ToolCall, ToolResult, UserMessage
-from parsers.render import Renderer, encode_in_pieces
+from parsers.message_tokens import encode_in_pieces
+from parsers.render import Renderer
 from parsers.vocab import Vocab, load_vocab
 from proxy.app import create_app
 from proxy.chat.request import _MESSAGE, _REQUEST, parse_chat_request

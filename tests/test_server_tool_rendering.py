@@ -19,7 +19,8 @@ from openai_harmony import (
 )
 
 from parsers.conversation import Prompt, UserMessage
-from parsers.render import EFFORTS, KNOWLEDGE_CUTOFF, Renderer
+from parsers.opening_messages import EFFORTS, KNOWLEDGE_CUTOFF
+from parsers.render import Renderer
 from parsers.vocab import Vocab
 from proxy.server_tools.builtin import BuiltinTool, recognize
 from proxy.server_tools.listing import McpTool, ServerTools

@@ -18,7 +18,9 @@ from parsers.render import Renderer
 from parsers.vocab import load_vocab
 from tools.cache import ToolDeclarations
 from tools.definitions import FunctionTool
-from tools.typescript import declaration, json_text, rust_lines, schema_to_typescript, tools_section
+from tools.rust_text import json_text, rust_lines
+from tools.typescript import declaration, tools_section
+from tools.typescript_types import schema_to_typescript
 
 VOCAB = load_vocab()
 HEADER = "<|start|>developer<|message|>"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import llguidance
 
-from tools.typescript import rust_lines
+from tools.rust_text import rust_lines
 
 SYNTAXES = ("lark", "regex")
 MAX_DEFINITION_CHARS = 64 * 1024

@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parsers.render import encode_in_pieces
+from parsers.message_tokens import encode_in_pieces
 from parsers.vocab import Vocab
 from proxy.server_tools.listing import McpTool
 from tools import typescript
