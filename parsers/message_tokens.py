@@ -126,9 +126,9 @@ def item_key(item: Item) -> tuple[str | bool | bytes, ...]:
     if isinstance(item, AssistantMessage):
         return "assistant", item.text, item.preamble
     if isinstance(item, ToolCall):
-        return "call", item.name, item.arguments
+        return "call", item.recipient, item.freeform, item.arguments
     if isinstance(item, ToolResult):
-        return "result", item.name, item.output
+        return "result", item.recipient, item.output
     if isinstance(item, ServerToolCall):
         return "server call", item.recipient, item.channel, item.content_type or "", item.arguments
     if isinstance(item, ServerToolResult):

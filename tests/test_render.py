@@ -66,6 +66,18 @@ def test_history_tool_calls_are_written_as_the_model_writes_them(vocab: Vocab, r
     assert any(tokens[i : i + len(written)] == written for i in range(len(tokens)))
 
 
+def test_a_cached_call_or_result_is_not_reused_for_another_namespace_or_form(renderer: Renderer) -> None:
+    """The renderer caches each item's tokens: what tells two calls apart (namespace, freeform) is in the key."""
+    items = [ToolCall("c", "x", "{}"), ToolCall("c", "x", "{}", namespace="shell"),
+             ToolCall("c", "x", "{}", freeform=True), ToolResult("c", "x", "r"),
+             ToolResult("c", "x", "r", namespace="shell")]
+    for item in items:
+        renderer.render(Prompt([UserMessage("q"), item]))  # fills the cache with each one's tokens
+    for item in items:
+        assert renderer.render(Prompt([UserMessage("q"), item])) == Renderer(VOCAB).render(
+            Prompt([UserMessage("q"), item]))
+
+
 def test_the_prompt_has_no_date_so_its_prefix_is_stable(vocab: Vocab, renderer: Renderer) -> None:
     text = vocab.decode(renderer.render(Prompt([UserMessage("hi")])))
     assert "Current date" not in text and "Knowledge cutoff: 2024-06" in text
