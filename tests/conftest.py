@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -19,6 +20,7 @@ from proxy.config import ServerConfig
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
+from proxy.server.arguments import default_store_path
 from proxy.state import ServerState
 from proxy.store.sqlite import SQLiteResponseStore
 from tests.grammars import session_matchers
@@ -28,6 +30,39 @@ pytest_plugins = ["tests.mcp_servers", "tests.postgres"]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "openai/gpt-oss-20b"
+# The main path, in about a minute: `pytest -m quick` (README, "Run the tests").
+QUICK = {"test_docs", "test_readme", "test_render", "test_parser_fixtures", "test_e2e_chat", "test_e2e_http",
+         "test_responses", "test_mock_engine", "test_layout", "test_upstream_mock"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in QUICK:
+            item.add_marker(pytest.mark.quick)
+
+
+def _files(folder: Path) -> list[tuple[str, int, int]] | None:
+    if not folder.is_dir():
+        return None
+    return sorted((str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in folder.rglob("*"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_folder_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test writes outside its temporary folders. A server given no --store-path with a real engine stores in
+    the user's data folder ($XDG_DATA_HOME, else ~/.local/share): the tests' servers, and every process they start,
+    get a temporary one, and the user's is checked untouched at the end."""
+    users = default_store_path().parent
+    before = _files(users)
+    previous = os.environ.get("XDG_DATA_HOME")
+    os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("xdg-data"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_DATA_HOME", None)
+    else:
+        os.environ["XDG_DATA_HOME"] = previous
+    assert _files(users) == before, f"a test wrote into the user's data folder {users}"
 
 
 @pytest.fixture(scope="session")

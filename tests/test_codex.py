@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ import pytest
 from proxy.engines.scripted import scripted_engine
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
+from tests.node_tools import node_path, npm_installed
 
 CODEX_DIR = Path(__file__).resolve().parent / "codex"
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,12 +35,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def codex_binary() -> Path:
-    installed = CODEX_DIR / "node_modules" / ".package-lock.json"  # npm writes it last, after a complete install
-    lock = CODEX_DIR / "package-lock.json"
-    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=CODEX_DIR, check=True, timeout=300,
-                       capture_output=True)
-    return CODEX_DIR / "node_modules" / ".bin" / "codex"
+    return npm_installed(CODEX_DIR) / ".bin" / "codex"
 
 
 class Codex:
@@ -55,7 +50,7 @@ class Codex:
         self.workdir = folder / "project"
         self.home.mkdir()
         self.workdir.mkdir()
-        self.env = {"PATH": os.environ["PATH"], "HOME": str(folder), "CODEX_HOME": str(self.home),
+        self.env = {"PATH": node_path(), "HOME": str(folder), "CODEX_HOME": str(self.home),
                     "RUST_LOG": "error", "NO_COLOR": "1"}
         self.home.joinpath("config.toml").write_text(f"""\
 model = "{MODEL}"

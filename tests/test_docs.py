@@ -42,8 +42,6 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 DATA = {"json", "toml", "yaml", "yml"}
 SHELL = {"sh", "bash"}
 
-pytestmark = pytest.mark.quick
-
 
 @dataclass(frozen=True)
 class Block:
