@@ -20,18 +20,17 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
 from proxy.server.arguments import build_parser
 from tests.conftest import LiveServer
+from tests.test_vocab_and_cli import free_port, start, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -136,31 +135,17 @@ def test_data_blocks_parse(block: Block) -> None:
 @pytest.fixture
 def started(tmp_path: Path) -> Iterator[Callable[[list[str]], None]]:
     """started(arguments): `harmony-proxy serve ARGUMENTS` on a free port, until its /health answers 200."""
-    processes: list[subprocess.Popen[bytes]] = []
+    processes: list[subprocess.Popen[str]] = []
 
-    def start(arguments: list[str]) -> None:
-        probe = LiveServer(None)  # only for a free loopback port
-        port = probe.port
-        probe._socket.close()
+    def start_serving(arguments: list[str]) -> None:
+        port = free_port()
         env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)}
-        process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", *arguments, "--port", str(port)],
-                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        processes.append(process)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert process.poll() is None, process.stderr.read().decode()[-2000:] if process.stderr else ""
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"harmony-proxy serve {' '.join(arguments)} did not become healthy")
+        processes.append(start([sys.executable, "-m", "proxy", "serve", *arguments, "--port", str(port)], env))
+        wait_healthy(port, processes[-1])
 
-    yield start
+    yield start_serving
     for process in processes:
-        process.terminate()
-        process.communicate(timeout=30)
+        stop(process)
 
 
 @pytest.mark.parametrize("block", [b for b in RUNNABLE if b.language in SHELL], ids=str)

@@ -73,7 +73,7 @@ def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def wait_healthy(port: int, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # a start takes seconds, more on a busy machine
     while time.monotonic() < deadline:
         assert process.poll() is None, process.stdout.read() if process.stdout else ""
         try:
