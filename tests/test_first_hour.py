@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from proxy.server.arguments import build_parser
 from tests.conftest import MODEL, LiveServer
 from tests.test_vocab_and_cli import clean_env, free_port, start, stop, wait_healthy
 
@@ -33,8 +34,13 @@ def test_help_shows_defaults_and_each_spelling_once() -> None:
     assert "--port PORT port to listen on (default 8000)" in text
     assert "--upstream-routing {cache-aware,round-robin}" in text and "(default cache-aware)" in text
     assert "round robin)" not in text  # --upstream-url repeats for replicas, routed cache-aware by default
-    assert "--tokenizer TOKENIZER, --tokenizer" not in text
-    assert "--workers, --num_serve_frontends, --num-serve-frontends WORKERS" in text
+    serve = next(action for action in build_parser()._actions if action.dest == "command").choices["serve"]
+    for action in serve._actions:  # each spelling once, and the metavar once after them all
+        assert len(set(action.option_strings)) == len(action.option_strings), action.option_strings
+        if len(action.option_strings) > 1 and action.nargs != 0:
+            choices = "{" + ",".join(action.choices) + "}" if action.choices else None
+            metavar = action.metavar or choices or action.dest.upper()
+            assert f"{', '.join(action.option_strings)} {metavar}" in text
     assert "never Authorization, Proxy-Authorization, Cookie, X-Api-Key or Api-Key" in text
 
 
