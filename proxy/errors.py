@@ -60,10 +60,12 @@ def from_engine(exc: EngineError) -> APIError:
     return APIError(exc.status, exc.message, code=exc.code, headers=headers)
 
 
-def model_not_found(model: Any) -> APIError:
+def model_not_found(model: Any, served: str) -> APIError:
+    """OpenAI's 404, and which model this server does serve (a first request often names another spelling)."""
     return APIError(
         404,
-        f"The model `{_short(model)}` does not exist or you do not have access to it.",
+        f"The model `{_short(model)}` does not exist or you do not have access to it. This server serves "
+        f"`{served}` (set by --served-model-name).",
         param="model",
         code="model_not_found",
         type="invalid_request_error",

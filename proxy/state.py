@@ -58,7 +58,7 @@ class ServerState:
 
     def check_model(self, model: object) -> None:
         if model != self.config.served_model_name:
-            raise model_not_found(model)
+            raise model_not_found(model, self.config.served_model_name)
 
     def check_room(self) -> None:
         """A 429 before the body is read, parsed and rendered, when the admission queue is full already."""

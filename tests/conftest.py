@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -28,6 +29,31 @@ pytest_plugins = ["tests.mcp_servers", "tests.postgres"]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "openai/gpt-oss-20b"
+# The main path, in about a minute: `pytest -m quick` (README, "Run the tests").
+QUICK = {"test_docs", "test_readme", "test_render", "test_parser_fixtures", "test_e2e_chat", "test_e2e_http",
+         "test_responses", "test_mock_engine", "test_layout", "test_upstream_mock"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in QUICK:
+            item.add_marker(pytest.mark.quick)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_folder_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test writes outside its temporary folders. A server given no --store-path with a real engine stores in
+    the user's data folder ($XDG_DATA_HOME, else ~/.local/share): the tests' servers, and every process they start,
+    get a temporary one instead. Tests that start such servers check the path their log names (test_trtllm_cli,
+    test_first_hour): a check of the user's folder itself would see other programs' writes too."""
+    previous = os.environ.get("XDG_DATA_HOME")
+    os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("xdg-data"))
+    yield
+    if previous is None:
+        os.environ.pop("XDG_DATA_HOME", None)
+    else:
+        os.environ["XDG_DATA_HOME"] = previous
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import pytest
 from proxy.engines.scripted import scripted_engine
 from tests.conftest import LiveServer
 from tests.engines import Recording
+from tests.node_tools import node_env, npm_installed
 from tests.test_e2e_chat import ANSWER, CALL
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
@@ -27,17 +28,12 @@ FIRST_REASONING = "<|channel|>analysis<|message|>Need the weather.<|end|>"
 
 @pytest.fixture(scope="module")
 def node_modules() -> Path:
-    installed = NODE_DIR / "node_modules" / ".package-lock.json"  # npm writes it last, after a complete install
-    lock = NODE_DIR / "package-lock.json"
-    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=300,
-                       capture_output=True)
-    return installed.parent
+    return npm_installed(NODE_DIR)
 
 
 def run_script(server: LiveServer, provider: str, mode: str) -> dict[str, Any]:
     done = subprocess.run(["node", "ai_sdk.mjs", server.base_url, provider, mode], check=False, cwd=NODE_DIR,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=node_env())
     lines = done.stdout.strip().splitlines()
     assert lines, f"no output from node (exit {done.returncode}): {done.stderr[-2000:]}"
     return json.loads(lines[-1])

@@ -28,6 +28,7 @@ import pytest
 from proxy.engines.scripted import scripted_engine
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
+from tests.node_tools import node_env, node_path, npm_installed
 
 CODEX_DIR = Path(__file__).resolve().parent / "codex"
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,18 +42,15 @@ def codex_binary() -> Path:
     once beside the pinned one) runs the tests against another."""
     if os.environ.get("CODEX_TEST_BINARY"):
         return Path(os.environ["CODEX_TEST_BINARY"]).resolve()
-    installed = CODEX_DIR / "node_modules" / ".package-lock.json"  # npm writes it last, after a complete install
-    lock = CODEX_DIR / "package-lock.json"
-    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=CODEX_DIR, check=True, timeout=300,
-                       capture_output=True)
+    modules = npm_installed(CODEX_DIR)
     version = os.environ.get("CODEX_TEST_VERSION")
     if not version:
-        return CODEX_DIR / "node_modules" / ".bin" / "codex"
-    folder = CODEX_DIR / "node_modules" / ".versions" / version  # git-ignored, and gone with the next `npm ci`
+        return modules / ".bin" / "codex"
+    folder = modules / ".versions" / version  # git-ignored, and gone with the next `npm ci`
     if not (folder / "node_modules" / ".package-lock.json").exists():
         subprocess.run(["npm", "install", "--prefix", str(folder), "--no-save", "--no-package-lock", "--no-audit",
-                        "--no-fund", f"@openai/codex@{version}"], check=True, timeout=300, capture_output=True)
+                        "--no-fund", f"@openai/codex@{version}"], check=True, timeout=300, capture_output=True,
+                       env=node_env())
     return folder / "node_modules" / ".bin" / "codex"
 
 
@@ -76,7 +74,7 @@ class Codex:
         self.workdir = folder / "project"
         self.home.mkdir()
         self.workdir.mkdir()
-        self.env = {"PATH": os.environ["PATH"], "HOME": str(folder), "CODEX_HOME": str(self.home),
+        self.env = {"PATH": node_path(), "HOME": str(folder), "CODEX_HOME": str(self.home),
                     "RUST_LOG": "error", "NO_COLOR": "1"}
         self.home.joinpath("config.toml").write_text(f"""\
 model = "{MODEL}"

@@ -158,6 +158,7 @@ def test_openai_client_raises_typed_errors(serve: Callable[..., LiveServer]) -> 
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert missing.value.code == "model_not_found"
+    assert f"This server serves `{MODEL}` (set by --served-model-name)" in missing.value.message  # what to send
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], reasoning_effort="big")
     assert bad.value.param == "reasoning_effort"

@@ -363,3 +363,22 @@ def test_stop_ends_the_stream_and_the_server_request(
     assert page.evaluate("document.querySelector('.user').classList.contains('unsent')") is True
     assert engine.cancelled.wait(5)  # the client left, so the engine request was closed
     assert not engine.finished.is_set()
+
+
+def test_says_which_engine_serves_and_speaks_each_apis_tool_form(
+    serve: Callable[..., LiveServer], open_page: Callable[[LiveServer], Page], vocab: Vocab,
+) -> None:
+    page = open_page(serve())  # the mock engine, as `harmony-proxy serve` runs it without a model
+    page.wait_for("document.querySelector('#engine').textContent.startsWith('engine: mock')", "the engine")
+    assert "placeholders" in page.text("#engine") and "--token-delay-ms" in page.text("#engine")
+    assert page.text("#tools-label") == "Chat Completions tool declarations (JSON array)"
+    page.set_value("#api", "responses")
+    page.evaluate("document.querySelector('#api').dispatchEvent(new Event('change'))")
+    assert page.text("#tools-label") == "Responses tool declarations (JSON array)"
+    declared = json.loads(page.evaluate("document.querySelector('#tools').value"))
+    assert declared[0]["type"] == "function" and declared[0]["name"] == "get_weather" and "function" not in declared[0]
+    page.send("Please call get_weather for Paris.")
+    assert page.texts(".call-name") == ["get_weather"]  # the mock calls the tool it was offered
+    assert json.loads(page.text("#last-request"))["tools"][0]["name"] == "get_weather"
+    scripted = open_page(serve(completions=[ANSWER_TURN]))
+    scripted.wait_for("document.querySelector('#engine').textContent.startsWith('engine: scripted')", "the engine")

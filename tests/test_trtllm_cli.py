@@ -73,6 +73,8 @@ def test_seed_commands_pass_flags_and_yaml_to_the_llm(
     assert arguments["model"] == str(folder) and arguments["backend"] == "pytorch"
     assert arguments["guided_decoding_backend"] == "llguidance"  # chosen when neither flag nor YAML names one
     assert "serving with the trtllm engine" in output.splitlines()[1]  # chosen without --engine: it is installed
+    # A real engine stores in the data folder: the test's own (clean_env), never the user's.
+    assert f"storing responses in {tmp_path / 'data' / 'harmony-proxy' / 'responses.sqlite3'}" in output
     assert "are enforced by TensorRT-LLM's llguidance backend" in output
     assert [e["event"] for e in events(folder)][-1] == "shutdown"  # SIGTERM shut the LLM down
 

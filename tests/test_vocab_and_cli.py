@@ -29,7 +29,8 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIKTOKEN")}
     cache = tmp_path / "cache"
     cache.mkdir(exist_ok=True)
-    return {**env, **OFFLINE, "TIKTOKEN_RS_CACHE_DIR": str(cache), "TMPDIR": str(tmp_path), **extra}
+    return {**env, **OFFLINE, "TIKTOKEN_RS_CACHE_DIR": str(cache), "TMPDIR": str(tmp_path),
+            "XDG_DATA_HOME": str(tmp_path / "data"), **extra}  # a real engine's default store: never the user's
 
 
 def test_bundled_vocabulary_loads_offline_and_leaves_no_download(tmp_path: Path) -> None:
@@ -72,7 +73,7 @@ def start(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def wait_healthy(port: int, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # a start takes seconds, more on a busy machine
     while time.monotonic() < deadline:
         assert process.poll() is None, process.stdout.read() if process.stdout else ""
         try:

@@ -1,6 +1,7 @@
 """The mock engine: a deterministic stand-in with no weights, so the server runs on any machine.
 
-Like a model it reads only its prompt (plus the output constraint an engine is given) and writes Harmony:
+Like a model it reads only its prompt (plus the output constraint an engine is given: the tools' schemas, which it
+reads back from the prompt's declarations when no constraint carries them, behind an upstream) and writes Harmony:
 a short analysis about the request, then one of
 - a call to a declared tool, when the user names it or tool_choice requires one (arguments valid against
   the tool's JSON Schema);
@@ -23,6 +24,7 @@ import llguidance
 
 from parsers.vocab import Vocab
 from proxy.engines.base import GenerationRequest
+from proxy.engines.declared_tools import declared_tools
 from proxy.engines.matcher import GrammarMatchers
 from proxy.engines.playback import PlaybackEngine
 from tools.arguments import example_arguments
@@ -135,13 +137,17 @@ class MockModel:
         effort = _EFFORT.search(system)
         last_author, last_body = messages[-1] if messages else ("user", "")
         constraint = request.constraint
-        tool = _chosen_tool(constraint.tools, constraint.tool_choice.mode, constraint.tool_choice.name, last_body)
+        # The tools come with the output constraint in front of clients; behind an upstream (raw completions)
+        # only the prompt declares them, so they are read from it, as a model reads them.
+        developer = next((body for author, body in messages if author == "developer"), "")
+        tools = constraint.tools or declared_tools(developer)
+        tool = _chosen_tool(tools, constraint.tool_choice.mode, constraint.tool_choice.name, last_body)
         about = (
             f"Mock engine, not a model. The prompt has {_count(len(messages), 'message')} and "
-            f"{_count(len(constraint.tools), 'tool')}; reasoning effort {effort.group(1) if effort else 'unknown'}."
+            f"{_count(len(tools), 'tool')}; reasoning effort {effort.group(1) if effort else 'unknown'}."
         )
         answer_format = constraint.response_format
-        namespaces = {"functions", *constraint.tool_namespaces}
+        namespaces = {"functions", *(tool.namespace for tool in tools if tool.namespace)}
         if last_author.partition(".")[0] in namespaces and " to=assistant" in last_author \
                 and not constraint.tool_choice.forces_call:
             name = last_author.split(" ")[0].removeprefix("functions.")

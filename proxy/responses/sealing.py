@@ -119,9 +119,10 @@ def _refused(kind: str, why: str) -> None:
 
 
 def sealer_from(secret: str | None) -> Sealer:
-    """The server's sealer; without a key, a random one, said in the log (blobs then last until a restart)."""
+    """The server's sealer; without a key, a random one, said in the log (blobs then last until a restart). Not a
+    warning: for one process a random key is fine; workers and replicas are warned where they are set up."""
     sealer = Sealer(secret)
     if sealer.random:
-        logger.warning("no --reasoning-key (or %s): encrypted_content is sealed with a random key made now; blobs "
-                       "stop opening after a restart and on other replicas", KEY_ENV)
+        logger.info("encrypted_content is sealed with a random key made now: blobs stop opening after a restart "
+                    "(--reasoning-key or %s keeps them)", KEY_ENV)
     return sealer

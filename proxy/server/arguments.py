@@ -9,6 +9,7 @@ accepted with a one-line notice where it has no meaning here, or refused with th
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 from pathlib import Path
 
@@ -53,6 +54,13 @@ TRTLLM_ONLY = ("model", "model_argument", *(flag for flag in FLAG_ARGUMENTS if f
                "extra_llm_api_options", "guided_decoding_backend", "settings", *TRTLLM_IGNORED)
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("harmony-proxy")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that was not installed
+        return "unknown"
+
+
 def default_store_path() -> Path:
     data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(data) / "harmony-proxy" / "responses.sqlite3"
@@ -62,19 +70,43 @@ class StartupError(Exception):
     """A problem with the options or files, reported in one line before anything is served."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Each option's spellings with its metavar once, and its default where it has one (secrets never shown)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings or action.nargs == 0:
+            return super()._format_action_invocation(action)
+        metavar = self._format_args(action, self._get_default_metavar_for_optional(action))
+        return f"{', '.join(action.option_strings)} {metavar}"
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, [], argparse.SUPPRESS) and action.dest not in SECRET_OPTIONS
+        if shown and "%(default)" not in text and "default" not in text:
+            text += (" " if text else "") + "(default %(default)s)"
+        return text
+
+
+# Options whose default comes from the environment and is a secret: --help must not print it.
+SECRET_OPTIONS = frozenset({"api_key", "upstream_api_key", "reasoning_key", "store_url"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="harmony-proxy", description="OpenAI-compatible server for gpt-oss.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve the OpenAI APIs over HTTP")
+    serve = commands.add_parser("serve", help="serve the OpenAI APIs over HTTP", formatter_class=HelpFormatter)
     serve.add_argument("model_argument", nargs="?", metavar="MODEL", help="model for --engine trtllm (as trtllm-serve)")
     serve.add_argument("--engine", choices=ENGINES,
                        help="default: trtllm when TensorRT-LLM is installed, else mock (upstream with --upstream-url)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on")
     serve.add_argument("--served-model-name",
                        help=f"the model name clients send (default: the model, or {DEFAULT_MODEL})")
-    serve.add_argument("--reasoning-field", choices=REASONING_FIELDS, default=ServerConfig.reasoning_field)
-    serve.add_argument("--default-reasoning-effort", choices=EFFORTS, default=ServerConfig.default_reasoning_effort)
+    serve.add_argument("--reasoning-field", choices=REASONING_FIELDS, default=ServerConfig.reasoning_field,
+                       help="Chat Completions: the field reasoning is sent in (both: the same text in each)")
+    serve.add_argument("--default-reasoning-effort", choices=EFFORTS, default=ServerConfig.default_reasoning_effort,
+                       help="reasoning effort when a request gives none")
     serve.add_argument("--max-model-len", type=int,
                        help=f"context window, prompt plus output (default: --max_seq_len, else {DEFAULT_CONTEXT})")
     serve.add_argument("--api-key", default=os.environ.get("HARMONY_PROXY_API_KEY"),
@@ -89,11 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="WebSocket (/v1/responses): ping the client this often, keeping idle connections open")
     serve.add_argument("--ws-ping-timeout", type=float, default=20.0, metavar="SECONDS",
                        help="WebSocket: close a connection whose client has not answered a ping within this")
-    serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"))
+    serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"),
+                       help="the lowest level logged")
     serve.add_argument("--log-format", choices=LOG_FORMATS, default="text",
                        help="text, or json: every log line one JSON object (default text)")
     serve.add_argument("--log-requests", action="store_true",
-                       help="also log each request's body and headers (prompts included; never Authorization)")
+                       help="also log each request's body and headers (prompts included; never "
+                            "Authorization, Proxy-Authorization, Cookie, X-Api-Key or Api-Key)")
     serve.add_argument("--metrics-public", action="store_true", help="serve /metrics without the --api-key")
     serve.add_argument("--allowed-hosts", action="append", default=[], metavar="NAME[,NAME...]",
                        help="host names clients may reach the server by (the Host header; repeatable; * for any); "
@@ -178,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     trtllm = serve.add_argument_group("trtllm engine (flags as trtllm-serve; dashes or underscores)")
     trtllm.add_argument("--model", help="Hugging Face id or local path (or give it as the first argument)")
-    trtllm.add_argument("--backend", default="pytorch", choices=("pytorch",))
+    trtllm.add_argument("--backend", default="pytorch", choices=("pytorch",), help="TensorRT-LLM's backend")
     for names, kind, help_text in (
         (("tokenizer",), str, None),
         (("custom_tokenizer",), str, None),
@@ -206,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         (("disagg_cluster_uri",), str, "refused: disaggregated serving"),
         (("custom_module_dirs",), str, "refused: custom model modules"),
     ):
-        trtllm.add_argument(*_spellings(*names), dest=names[0], type=kind, help=help_text)
+        trtllm.add_argument(*_spellings(*names), dest=names[0], type=kind, help=help_text or "as trtllm-serve")
     for name, help_text in (
         ("trust_remote_code", None),
         ("enable_chunked_prefill", ("take prompts longer than --max_num_tokens, in chunks (off by default, as "
@@ -214,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("enable_attention_dp", None),
         ("fail_fast_on_attention_window_too_large", None),
     ):
-        trtllm.add_argument(*_spellings(name), dest=name, action="store_true", help=help_text)
+        trtllm.add_argument(*_spellings(name), dest=name, action="store_true", help=help_text or "as trtllm-serve")
     trtllm.add_argument("--extra_llm_api_options", "--extra-llm-api-options", "--config", dest="extra_llm_api_options",
                         type=Path, help="YAML of further tensorrt_llm.LLM arguments; it overrides the flags, as "
                                         "trtllm-serve's does")
@@ -229,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     upstream = serve.add_argument_group("upstream engine")
     upstream.add_argument("--upstream-url", action="append", default=[],
-                          help="an OpenAI-compatible base URL, e.g. http://host:8000/v1 (repeat for round robin)")
+                          help="an OpenAI-compatible base URL, e.g. http://host:8000/v1 (repeat for replicas of one "
+                               "model: see --upstream-routing)")
     upstream.add_argument("--upstream-flavor", choices=sorted(FLAVORS), default="vllm",
                           help="how the upstream returns token ids: vllm (also harmony-proxy), sglang, trtllm, dynamo")
     upstream.add_argument(
@@ -253,4 +288,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _spellings(*names: str) -> list[str]:
     """trtllm-serve's underscore spelling of each name, and the dashed one."""
-    return [spelling for name in names for spelling in (f"--{name}", f"--{name.replace('_', '-')}")]
+    spellings = (spelling for name in names for spelling in (f"--{name}", f"--{name.replace('_', '-')}"))
+    return list(dict.fromkeys(spellings))  # a name without "_" has one spelling

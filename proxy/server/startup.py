@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from parsers.vocab import Vocab, load_vocab
 from proxy.admission import AdmissionQueue, AdmittedEngine
@@ -29,7 +30,7 @@ from proxy.engines.trtllm_args import (
     engine_context,
     llm_arguments,
 )
-from proxy.responses.sealing import MIN_SECRET_CHARS
+from proxy.responses.sealing import KEY_ENV, MIN_SECRET_CHARS
 from proxy.server.arguments import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONTEXT,
@@ -54,8 +55,18 @@ TRTLLM_MAX_BATCH_SIZE = 2048  # trtllm-serve's default --max_batch_size
 def choose_store_path(args: argparse.Namespace, engine_name: str, argv: list[str]) -> Path | None:
     """Where responses are stored when --store-path is not given: the user's data folder for a real model; for
     the mock and scripted engines, which people try and test with, a temporary folder (returned, for removal
-    when the server stops; workers are told the path through `argv`)."""
-    if args.store_path is not None or args.store_url or args.no_store or engine_name not in ("mock", "scripted"):
+    when the server stops; workers are told the path through `argv`). Says in the log where responses go."""
+    if args.no_store:
+        logger.info("storing no responses (--no-store)")
+        return None
+    if args.store_url:
+        logger.info("storing responses in PostgreSQL at %s", _without_password(args.store_url))
+        if args.reasoning_key is None:
+            logger.warning("replicas sharing this store need one --reasoning-key (or %s), or a sealed blob made by "
+                           "one does not open on the others", KEY_ENV)
+        return None
+    if args.store_path is not None or engine_name not in ("mock", "scripted"):
+        logger.info("storing responses in %s", args.store_path or default_store_path())
         return None
     folder = Path(tempfile.mkdtemp(prefix="harmony-proxy-store-"))
     # uvicorn hands SIGTERM on once it has shut down: end by SystemExit then, so the folder is removed.
@@ -64,6 +75,13 @@ def choose_store_path(args: argparse.Namespace, engine_name: str, argv: list[str
     argv += ["--store-path", str(args.store_path)]
     logger.info("storing responses in %s until the server stops (--store-path to keep them)", args.store_path)
     return folder
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    user = f"{parts.username}@" if parts.username else ""
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit((parts.scheme, f"{user}{parts.hostname or ''}{port}", parts.path, "", ""))
 
 
 def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | None = None) -> ServerState:

@@ -86,12 +86,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore")
+
+
 def configure_logging(level: str, log_format: str = "text") -> None:
     """The root handler of a server process (the CLI, each worker, the engine host)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter())
     logging.basicConfig(level=level.upper(), handlers=[handler])
+    # The HTTP clients log each request they send at INFO: every upstream call would be logged twice (the access
+    # line says it already). Their lines stay at --log-level debug.
+    for name in CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if level.lower() == "debug" else logging.WARNING)
 
 
 def access_fields(record: RequestRecord, model: str) -> dict[str, Any]:
