@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 import websockets
 
 from parsers.vocab import Vocab
@@ -23,6 +24,8 @@ from tests.test_e2e_chat import client_for, message_answer, streamed_answer
 from tests.test_websocket import until_done, ws_url
 from tests.vllm_server import VllmServer
 
+# The first test of a session waits for vLLM to load (a minute or two on 2 busy cores).
+pytestmark = pytest.mark.timeout(900)
 ASK = [{"role": "user", "content": "Say something."}]
 MARKUP = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
 

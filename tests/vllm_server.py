@@ -141,10 +141,10 @@ def structure_bias() -> dict[int, float]:
     vocab = load_vocab()
     bias = {}
     for token, piece in enumerate(vocab.token_bytes):
-        if piece[:1] in (b'"', b"}"):
-            bias[token] = 11.0
-        elif not piece.strip() or b"<" in piece or b"|" in piece:
+        if not piece.strip() or b"<" in piece or b"|" in piece:
             bias[token] = -10.0
+        elif piece[:1] in (b'"', b"}"):
+            bias[token] = 11.0
     bias[vocab.special.end] = 17.0
     bias[vocab.special.return_] = bias[vocab.special.call] = 6.0
     return bias
