@@ -17,7 +17,8 @@ from tools.grammar import OutputGrammar
 
 # How the upstream enforces output constraints, which depends on how it was started (`--upstream-guided-decoding`):
 # its grammar backend, and whether it applies the grammar from the first generated token or only after the
-# reasoning (vLLM sets a gpt-oss reasoning parser on its own, which holds the grammar back until the final channel).
+# reasoning (vLLM sets a gpt-oss reasoning parser on its own; in 0.32 it lets the grammar apply from the first token, so
+# `final-json` there makes the whole completion the bare JSON answer, with no reasoning).
 GUIDED_DECODING = ("xgrammar", "llguidance", "final-json", "none")
 DEFAULT_GUIDED_DECODING = {"vllm": "final-json", "sglang": "xgrammar", "trtllm": "xgrammar", "dynamo": "final-json"}
 
@@ -27,6 +28,30 @@ _WHOLE: dict[tuple[str, str], tuple[str, Callable[[OutputGrammar], Fields]]] = {
     ("vllm", "xgrammar"): ("structured_outputs.structural_tag",
                            lambda g: {"structured_outputs": {"structural_tag": json.dumps(g.structural_tag)}}),
     ("vllm", "llguidance"): ("structured_outputs.grammar", lambda g: {"structured_outputs": {"grammar": g.lark}}),
+    ("sglang", "xgrammar"): ("response_format (structural tag)", lambda g: {"response_format": g.structural_tag}),
+    ("sglang", "llguidance"): ("ebnf", lambda g: {"ebnf": g.lark}),
+    ("trtllm", "xgrammar"): ("response_format (structural tag)", lambda g: {"response_format": g.structural_tag}),
+    ("trtllm", "llguidance"): ("response_format (ebnf)",
+                               lambda g: {"response_format": {"type": "ebnf", "ebnf": g.lark}}),
+    ("dynamo", "llguidance"): ("guided_grammar", lambda g: {"guided_grammar": g.lark}),
+}
+# Only the final answer's JSON Schema, for an upstream that applies it after the reasoning.
+_FINAL_JSON: dict[str, tuple[str, Callable[[dict[str, Any]], Fields]]] = {
+    "vllm": ("structured_outputs.json", lambda schema: {"structured_outputs": {"json": schema}}),
+    "sglang": ("json_schema", lambda schema: {"json_schema": json.dumps(schema)}),
+    "trtllm": ("response_format (json)", lambda schema: {"response_format": {"type": "json", "schema": schema}}),
+    "dynamo": ("guided_json", lambda schema: {"guided_json": schema}),
+}
+# What the upstream needs for a whole-completion grammar, for the start-up message.
+_NEEDS = {
+    ("vllm", "xgrammar"): "a vLLM started with --structured-outputs-config.backend xgrammar (a vLLM process runs one "
+                          "grammar backend, which `auto` picks from its first constrained request; vLLM 0.32 applies "
+                          "the grammar from the first token, releases whose gpt-oss reasoning parser holds it back "
+                          "until the final channel also need --structured-outputs-config.enable_in_reasoning=true)",
+    ("vllm", "llguidance"): "a vLLM started with --structured-outputs-config.backend guidance (a vLLM process runs one "
+                            "grammar backend, which `auto` picks from its first constrained request; vLLM 0.32 applies "
+                            "the grammar from the first token, releases whose gpt-oss reasoning parser holds it back "
+                            "until the final channel also need --structured-outputs-config.enable_in_reasoning=true)",
     ("sglang", "xgrammar"): ("response_format (structural tag)", lambda g: {"response_format": g.structural_tag}),
     ("sglang", "llguidance"): ("ebnf", lambda g: {"ebnf": g.lark}),
     ("trtllm", "xgrammar"): ("response_format (structural tag)", lambda g: {"response_format": g.structural_tag}),
