@@ -126,7 +126,8 @@ def serve_app() -> Iterator[Callable[[Any], LiveServer]]:
 def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
     """The tiny gpt-oss model directory (tests/vllm_server.py), written once per session: noise biased to close what
     it opens (`structure_bias`)."""
-    cache = request.config.cache.mkdir("vllm-tokenizer") if request.config.cache is not None else None
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    cache = cache.mkdir("vllm-tokenizer") if cache is not None else None
     return write_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"), biased_weights(structure_bias()),
                               tokenizer_cache=cache)
 

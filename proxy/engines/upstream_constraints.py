@@ -52,28 +52,6 @@ _NEEDS = {
                             "grammar backend, which `auto` picks from its first constrained request; vLLM 0.32 applies "
                             "the grammar from the first token, releases whose gpt-oss reasoning parser holds it back "
                             "until the final channel also need --structured-outputs-config.enable_in_reasoning=true)",
-    ("sglang", "xgrammar"): ("response_format (structural tag)", lambda g: {"response_format": g.structural_tag}),
-    ("sglang", "llguidance"): ("ebnf", lambda g: {"ebnf": g.lark}),
-    ("trtllm", "xgrammar"): ("response_format (structural tag)", lambda g: {"response_format": g.structural_tag}),
-    ("trtllm", "llguidance"): ("response_format (ebnf)",
-                               lambda g: {"response_format": {"type": "ebnf", "ebnf": g.lark}}),
-    ("dynamo", "llguidance"): ("guided_grammar", lambda g: {"guided_grammar": g.lark}),
-}
-# Only the final answer's JSON Schema, for an upstream that applies it after the reasoning.
-_FINAL_JSON: dict[str, tuple[str, Callable[[dict[str, Any]], Fields]]] = {
-    "vllm": ("structured_outputs.json", lambda schema: {"structured_outputs": {"json": schema}}),
-    "sglang": ("json_schema", lambda schema: {"json_schema": json.dumps(schema)}),
-    "trtllm": ("response_format (json)", lambda schema: {"response_format": {"type": "json", "schema": schema}}),
-    "dynamo": ("guided_json", lambda schema: {"guided_json": schema}),
-}
-# What the upstream needs for a whole-completion grammar, for the start-up message.
-_NEEDS = {
-    ("vllm", "xgrammar"): "a vLLM started with --structured-outputs-config.enable_in_reasoning=true (else its "
-                          "gpt-oss reasoning parser holds the grammar back until the final channel), backend auto or "
-                          "xgrammar",
-    ("vllm", "llguidance"): "a vLLM started with --structured-outputs-config.enable_in_reasoning=true (else its "
-                            "gpt-oss reasoning parser holds the grammar back until the final channel), backend auto or "
-                            "guidance",
     ("sglang", "xgrammar"): "an SGLang started with --grammar-backend xgrammar (its default) and no --reasoning-parser",
     ("sglang", "llguidance"): "an SGLang started with --grammar-backend llguidance and no --reasoning-parser",
     ("trtllm", "xgrammar"): "a trtllm-serve started with `guided_decoding_backend: xgrammar` in its "
