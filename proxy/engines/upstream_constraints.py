@@ -17,7 +17,8 @@ from tools.grammar import OutputGrammar
 
 # How the upstream enforces output constraints, which depends on how it was started (`--upstream-guided-decoding`):
 # its grammar backend, and whether it applies the grammar from the first generated token or only after the
-# reasoning (vLLM sets a gpt-oss reasoning parser on its own, which holds the grammar back until the final channel).
+# reasoning (vLLM sets a gpt-oss reasoning parser on its own; in 0.32 it lets the grammar apply from the first token, so
+# `final-json` there makes the whole completion the bare JSON answer, with no reasoning).
 GUIDED_DECODING = ("xgrammar", "llguidance", "final-json", "none")
 DEFAULT_GUIDED_DECODING = {"vllm": "final-json", "sglang": "xgrammar", "trtllm": "xgrammar", "dynamo": "final-json"}
 
@@ -43,12 +44,14 @@ _FINAL_JSON: dict[str, tuple[str, Callable[[dict[str, Any]], Fields]]] = {
 }
 # What the upstream needs for a whole-completion grammar, for the start-up message.
 _NEEDS = {
-    ("vllm", "xgrammar"): "a vLLM started with --structured-outputs-config.enable_in_reasoning=true (else its "
-                          "gpt-oss reasoning parser holds the grammar back until the final channel), backend auto or "
-                          "xgrammar",
-    ("vllm", "llguidance"): "a vLLM started with --structured-outputs-config.enable_in_reasoning=true (else its "
-                            "gpt-oss reasoning parser holds the grammar back until the final channel), backend auto or "
-                            "guidance",
+    ("vllm", "xgrammar"): "a vLLM started with --structured-outputs-config.backend xgrammar (a vLLM process runs one "
+                          "grammar backend, which `auto` picks from its first constrained request; vLLM 0.32 applies "
+                          "the grammar from the first token, releases whose gpt-oss reasoning parser holds it back "
+                          "until the final channel also need --structured-outputs-config.enable_in_reasoning=true)",
+    ("vllm", "llguidance"): "a vLLM started with --structured-outputs-config.backend guidance (a vLLM process runs one "
+                            "grammar backend, which `auto` picks from its first constrained request; vLLM 0.32 applies "
+                            "the grammar from the first token, releases whose gpt-oss reasoning parser holds it back "
+                            "until the final channel also need --structured-outputs-config.enable_in_reasoning=true)",
     ("sglang", "xgrammar"): "an SGLang started with --grammar-backend xgrammar (its default) and no --reasoning-parser",
     ("sglang", "llguidance"): "an SGLang started with --grammar-backend llguidance and no --reasoning-parser",
     ("trtllm", "xgrammar"): "a trtllm-serve started with `guided_decoding_backend: xgrammar` in its "

@@ -1,0 +1,120 @@
+"""The `vllm` flavor against vLLM's own protocol: every request field we send is one vLLM 0.32's `CompletionRequest`
+declares and carries into its `SamplingParams` (vLLM accepts unknown fields silently, so drift would not show as an
+error), and our fake vLLM (tests/fake_upstreams.py) streams what the real one streams, field for field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from parsers.vocab import Vocab
+from proxy.engines.upstream import FLAVORS, UpstreamEngine
+from tests.conftest import MODEL, LiveServer
+from tests.fake_upstreams import fake_upstream
+from tests.test_e2e_chat import ANSWER, CALL, WEATHER, client_for
+from tests.vllm_server import VllmServer, vllm_python
+
+pytestmark = pytest.mark.timeout(900)
+
+# Run by vLLM's Python: each body through vLLM's own request model and into its sampling parameters.
+READ_BODIES = """
+import json, sys
+from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+declared = set(CompletionRequest.model_fields)
+out = []
+for body in json.load(sys.stdin):
+    request = CompletionRequest.model_validate(body)
+    params = request.to_sampling_params(request.max_tokens, {})
+    guided = params.structured_outputs
+    out.append({
+        "undeclared": sorted(set(body) - declared),
+        "prompt": request.prompt, "stream": request.stream, "include_usage": request.stream_options.include_usage,
+        "return_token_ids": request.return_token_ids,
+        "sampling": {name: getattr(params, name) for name in ("max_tokens", "stop_token_ids", "temperature", "top_p",
+                     "seed", "min_tokens", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")},
+        "guided": None if guided is None else {name: getattr(guided, name) for name in
+                                                ("json", "grammar", "structural_tag", "regex")},
+    })
+print(json.dumps(out))
+"""
+
+
+def bodies_we_send(serve: Callable[..., LiveServer], serve_app: Callable[[Any], LiveServer],
+                   vocab: Vocab) -> list[dict[str, Any]]:
+    """The upstream requests harmony-proxy makes for plain, sampled and constrained requests, in every mode."""
+    seen = []
+    for mode, completion, request in (
+        ("final-json", ANSWER, {"temperature": 0.5, "top_p": 0.9, "seed": 3, "max_tokens": 50}),
+        ("final-json", '<|channel|>final<|message|>{"a":1}<|return|>', {"response_format": {
+            "type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}}),
+        ("xgrammar", CALL, {"tools": [WEATHER], "tool_choice": "required"}),
+        ("llguidance", CALL, {"tools": [WEATHER], "tool_choice": "required"}),
+    ):
+        app = fake_upstream(vocab, "vllm", completion)
+        upstream = serve_app(app)
+        engine = UpstreamEngine(vocab, [upstream.base_url + "/v1"], MODEL, "vllm", guided_decoding=mode)
+        client_for(serve(engine=engine)).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], **request)
+        seen += app.state.seen
+    return seen
+
+
+def test_every_field_we_send_is_one_vllm_reads(serve: Callable[..., LiveServer],
+                                                serve_app: Callable[[Any], LiveServer], vocab: Vocab) -> None:
+    bodies = bodies_we_send(serve, serve_app, vocab)
+    read = json.loads(subprocess.run([str(vllm_python()), "-c", READ_BODIES], input=json.dumps(bodies), text=True,
+                                     capture_output=True, check=True, timeout=300).stdout.splitlines()[-1])
+    for body, vllm in zip(bodies, read, strict=True):
+        assert vllm["undeclared"] == [], f"fields vLLM 0.32 does not declare (it would ignore them): {vllm}"
+        assert vllm["prompt"] == body["prompt"] and vllm["stream"] is True and vllm["include_usage"] is True
+        assert vllm["return_token_ids"] is True
+        sampling = vllm["sampling"]
+        assert sampling["stop_token_ids"] == body["stop_token_ids"] == list(vocab.stop_token_ids)
+        assert sampling["include_stop_str_in_output"] is True and sampling["skip_special_tokens"] is False
+        for name in ("max_tokens", "temperature", "top_p", "seed", "min_tokens"):
+            if name in body:
+                assert sampling[name] == body[name], name
+    assert read[0]["sampling"] | {"stop_token_ids": None} == {
+        "max_tokens": 50, "temperature": 0.5, "top_p": 0.9, "seed": 3, "min_tokens": 0, "ignore_eos": False,
+        "skip_special_tokens": False, "include_stop_str_in_output": True, "stop_token_ids": None}
+    guided = [vllm["guided"] for vllm in read]
+    assert guided[0] is None and guided[1]["json"] == {"type": "object"}
+    assert json.loads(guided[2]["structural_tag"])["type"] == "structural_tag"
+    assert guided[3]["grammar"] == bodies[3]["structured_outputs"]["grammar"] and "<|call|>" in guided[3]["grammar"]
+
+
+def stream_shape(lines: list[str]) -> list[Any]:
+    """A completion stream's shape: each chunk's keys and its choice's keys, where the finish and the ids are."""
+    shape = []
+    for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        choice = chunk["choices"][0] if chunk["choices"] else {}
+        shape.append((sorted(chunk), sorted(choice), bool(choice.get("token_ids")),
+                      choice.get("finish_reason"), choice.get("prompt_token_ids") is not None,
+                      sorted(chunk.get("usage") or {}), sorted((chunk.get("usage") or {}).get("prompt_tokens_details")
+                                                               or {})))
+    return shape
+
+
+def test_the_fake_streams_what_vllm_streams(serve_app: Callable[[Any], LiveServer], vocab: Vocab,
+                                           vllm: VllmServer) -> None:
+    """The same body to the real vLLM and to the fake: chunks of the same keys, the finish on the last token's chunk,
+    the prompt's ids in the first, a usage chunk (cached_tokens: vLLM runs with --enable-prompt-tokens-details)."""
+    prompt = vocab.encode_harmony("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    body = {"prompt": prompt, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True},
+            "stop_token_ids": list(vocab.stop_token_ids), "seed": 5, **FLAVORS["vllm"]}
+    shapes = []
+    for url, model in ((vllm.base_url, vllm.model), (serve_app(fake_upstream(vocab, "vllm", ANSWER)).base_url + "/v1",
+                                                     MODEL)):
+        with httpx.stream("POST", url + "/completions", json={**body, "model": model}, timeout=60) as response:
+            shapes.append(stream_shape(list(response.iter_lines())))
+    real, fake = shapes
+    assert len(real) == 5 and real[-2][3] == "length"  # 4 tokens, then usage
+    assert fake == real
