@@ -97,7 +97,8 @@ class UpstreamEngine:
         logger.log(*self.guided.notice())
         # One pooled client for every request: connections to the upstreams are reused.
         self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
-        self._subscribers = [EventSubscriber(_root(url), held, self._client) for url, held in zip(self._urls, self._held)]
+        self._subscribers = [EventSubscriber(_root(url), held, self._client)
+                             for url, held in zip(self._urls, self._held, strict=False)]
         for subscriber in self._subscribers:
             subscriber.start()
 
