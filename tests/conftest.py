@@ -22,15 +22,17 @@ from proxy.engines.scripted import scripted_engine
 from proxy.state import ServerState
 from proxy.store.sqlite import SQLiteResponseStore
 from tests.grammars import session_matchers
-from tests.vllm_server import VllmServer, free_port, kv_event_flags, start_vllm, write_tiny_gpt_oss
+from tests.vllm_server import (VllmServer, biased_weights, free_port, kv_event_flags, start_vllm, structure_bias,
+                               write_tiny_gpt_oss)
 
 # The MCP servers' fixtures; a plugin module, because it needs LiveServer from here.
 pytest_plugins = ["tests.mcp_servers", "tests.postgres"]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "openai/gpt-oss-20b"
-# What docs/upstream.md tells users to start vLLM with for `--upstream-guided-decoding xgrammar|llguidance`.
-VLLM_FLAGS = ("--structured-outputs-config.enable_in_reasoning", "true")
+# What docs/upstream.md tells users to start vLLM with: usage's cached_tokens, and the grammar backend of
+# `--upstream-guided-decoding xgrammar` (vLLM runs one backend, chosen by the first constrained request under "auto").
+VLLM_FLAGS = ("--enable-prompt-tokens-details", "--structured-outputs-config.backend", "xgrammar")
 
 
 @pytest.fixture(scope="session")
@@ -123,9 +125,11 @@ def serve_app() -> Iterator[Callable[[Any], LiveServer]]:
 
 @pytest.fixture(scope="session")
 def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
-    """The tiny gpt-oss model directory (tests/vllm_server.py), written once per session."""
+    """The tiny gpt-oss model directory (tests/vllm_server.py), written once per session: noise biased to close what
+    it opens (`structure_bias`)."""
     cache = request.config.cache.mkdir("vllm-tokenizer") if request.config.cache is not None else None
-    return write_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"), tokenizer_cache=cache)
+    return write_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"), biased_weights(structure_bias()),
+                              tokenizer_cache=cache)
 
 
 @pytest.fixture(scope="session")

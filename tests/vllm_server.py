@@ -117,6 +117,39 @@ def write_tiny_gpt_oss(directory: Path, weights: WeightWriter | None = None,
     return directory
 
 
+def biased_weights(bias: dict[int, float], python: Path | None = None) -> WeightWriter:
+    """A `weights` callback: noise with these logit offsets (token id -> offset), written by tests/vllm_weights.py
+    in vLLM's environment (it needs torch)."""
+
+    def write(directory: Path, config: dict[str, Any]) -> None:
+        bias_file = directory / "bias.json"
+        bias_file.write_text(json.dumps({str(token): offset for token, offset in bias.items()}))
+        subprocess.run([str(python or vllm_python()), str(Path(__file__).with_name("vllm_weights.py")),
+                        str(directory), str(bias_file)], check=True, capture_output=True, timeout=600)
+        bias_file.unlink()
+
+    return write
+
+
+def structure_bias() -> dict[int, float]:
+    """Offsets that make noise close what it opens, as a model would: `<|end|>` ends an analysis note in a few
+    tokens, and tokens that start with a quote or a closing brace end a JSON string or object in a few. Whitespace
+    is rare (JSON grammars allow any amount of it, and noise would fill max_tokens with it), and so is text that
+    spells markup (`<`, `|`: a grammar that asks for `<|message|>` matches its spelling too, where a model writes
+    the special token). `<|return|>` and `<|call|>` stay rare, so a free completion runs long, but a grammar that has
+    nothing else left forces them."""
+    vocab = load_vocab()
+    bias = {}
+    for token, piece in enumerate(vocab.token_bytes):
+        if piece[:1] in (b'"', b"}"):
+            bias[token] = 11.0
+        elif not piece.strip() or b"<" in piece or b"|" in piece:
+            bias[token] = -10.0
+    bias[vocab.special.end] = 17.0
+    bias[vocab.special.return_] = bias[vocab.special.call] = 6.0
+    return bias
+
+
 def has_weights(directory: Path) -> bool:
     return any(directory.glob("*.safetensors"))
 

