@@ -22,8 +22,15 @@ from proxy.engines.scripted import scripted_engine
 from proxy.state import ServerState
 from proxy.store.sqlite import SQLiteResponseStore
 from tests.grammars import session_matchers
-from tests.vllm_server import (VllmServer, biased_weights, free_port, kv_event_flags, start_vllm, structure_bias,
-                               write_tiny_gpt_oss)
+from tests.vllm_server import (
+    VllmServer,
+    biased_weights,
+    free_port,
+    kv_event_flags,
+    start_vllm,
+    structure_bias,
+    write_tiny_gpt_oss,
+)
 
 # The MCP servers' fixtures; a plugin module, because it needs LiveServer from here.
 pytest_plugins = ["tests.mcp_servers", "tests.postgres"]
