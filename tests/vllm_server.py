@@ -341,6 +341,12 @@ def start_vllm(model_dir: Path, extra_args: Sequence[str] = (), timeout: float =
         server.stop()
 
 
+def kv_event_flags(port: int) -> list[str]:
+    """vLLM's flags to publish its KV-cache events on a ZMQ port bound on every interface (prefix caching on)."""
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}"}
+    return ["--enable-prefix-caching", "--kv-events-config", json.dumps(events)]
+
+
 def _vocab_folder() -> Path:
     """A folder holding o200k_base.tiktoken, for vLLM's openai-harmony (which would otherwise download it)."""
     folder = Path(tempfile.gettempdir()) / f"harmony-proxy-vocab-{_vocab_digest()[:16]}"

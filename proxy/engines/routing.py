@@ -3,8 +3,10 @@
 An engine replica keeps the KV blocks of the prompts it served, so a conversation whose turn N+1 lands on the
 replica that served turn N prefills only what is new. We hold the exact prompt token ids we send, so the router
 remembers, per replica, the blocks of the prompts sent there (a bounded LRU, as the replica's own cache is). This
-is an approximate router: it needs nothing from the engines (no KV events), at the price of not seeing evictions a
-replica makes on its own; the LRU bound stands in for them.
+approximate view needs nothing from the engines, at the price of not seeing evictions a replica makes on its own
+(the LRU bound stands in for them). Where a replica publishes its KV-cache events (vLLM's `--kv-events-config`),
+its view is exact instead: `proxy/engines/kv_events.py` keeps the blocks it really holds, and what it holds of a
+prompt is looked up there.
 
 A prompt's prefix has two parts. What many conversations share (the system prompt, the tools) is found where
 several continuations followed the same block; the router learns those branch points from the prompts it sends.
@@ -27,6 +29,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from proxy.engines.kv_events import HeldBlocks, chained_keys
 
 BLOCK_TOKENS = 64  # routing granularity; a match is counted in whole blocks
 # Tokens of a block that enter its key. Routing only needs to tell conversations apart, and a wrong match costs a
@@ -119,8 +123,10 @@ class CacheAwareRouter:
     name = "cache-aware"
 
     def __init__(self, replicas: int, cache_blocks: int = 200_000, sessions: int = 50_000,
-                 load_factor: float = 1.5, block_tokens: int = BLOCK_TOKENS) -> None:
+                 load_factor: float = 1.5, block_tokens: int = BLOCK_TOKENS,
+                 held: Sequence[HeldBlocks | None] = ()) -> None:
         self._replicas = replicas
+        self._held = list(held) or [None] * replicas  # a replica's blocks as its own events tell, where it sends them
         self._block_tokens = block_tokens
         self._cached = [_LRU(cache_blocks) for _ in range(replicas)]  # block keys sent to each replica
         self._next = _LRU(cache_blocks)  # block key -> the key of the block that followed it
@@ -133,7 +139,9 @@ class CacheAwareRouter:
 
     def route(self, prompt: Sequence[int], hints: Sequence[str] = ()) -> Route:
         keys = block_keys(prompt, self._block_tokens)
-        matched = {replica: self._matched(replica, keys) for replica in range(self._replicas)}
+        exact = self._held_blocks(prompt)
+        matched = {replica: exact[replica] if replica in exact else self._matched(replica, keys)
+                   for replica in range(self._replicas)}
         shared = self._shared_blocks(keys)
         hinted = next((replica for hint in hints if (replica := self._sessions.get(hint)) is not None), None)
         bound = self._load_factor * (sum(self.in_flight) + 1) / self._replicas + _SLACK
@@ -145,6 +153,18 @@ class CacheAwareRouter:
                     (replica - turn) % self._replicas)
 
         return Route(sorted(range(self._replicas), key=rank), keys, tuple(hints), matched)
+
+    def _held_blocks(self, prompt: Sequence[int]) -> dict[int, int]:
+        """How many leading blocks of the prompt each replica that publishes its events really holds."""
+        found: dict[int, int] = {}
+        keys_by_size: dict[int, list[int]] = {}
+        for replica, held in enumerate(self._held):
+            if held is None or held.block_size is None:
+                continue
+            if held.block_size not in keys_by_size:
+                keys_by_size[held.block_size] = chained_keys(prompt, held.block_size)
+            found[replica] = held.matched_tokens(keys_by_size[held.block_size]) // self._block_tokens
+        return found
 
     def _matched(self, replica: int, keys: list[int]) -> int:
         """How many leading blocks of the prompt went to the replica (keys are chained: a binary search)."""
@@ -192,9 +212,9 @@ class CacheAwareRouter:
 ROUTERS = ("cache-aware", "round-robin")
 
 
-def make_router(policy: str, replicas: int) -> Router:
+def make_router(policy: str, replicas: int, held: Sequence[HeldBlocks | None] = ()) -> Router:
     if policy == "cache-aware":
-        return CacheAwareRouter(replicas)
+        return CacheAwareRouter(replicas, held=held)
     if policy == "round-robin":
         return RoundRobinRouter(replicas)
     raise ValueError(f"unknown routing policy {policy!r}; choose from {', '.join(ROUTERS)}")

@@ -31,6 +31,7 @@ import httpx
 
 from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
+from proxy.engines.kv_events import EventSubscriber, HeldBlocks
 from proxy.engines.routing import Route, Router, make_router
 from proxy.engines.upstream_constraints import GuidedDecoding
 
@@ -71,6 +72,7 @@ class UpstreamEngine:
         read_timeout: float = 600.0,
         guided_decoding: str | None = None,
         routing: str = "cache-aware",
+        kv_events: bool = True,
     ) -> None:
         if not urls:
             raise ValueError("the upstream engine needs at least one --upstream-url")
@@ -81,8 +83,11 @@ class UpstreamEngine:
         self.guided = GuidedDecoding(flavor, guided_decoding)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=read_timeout)
-        self.router: Router = make_router(routing, len(self._urls))
+        # Replicas that publish their KV-cache events are routed on what they really hold (found at start).
+        self._held = [HeldBlocks() for _ in self._urls] if kv_events and len(self._urls) > 1 else []
+        self.router: Router = make_router(routing, len(self._urls), self._held)
         self._client: httpx.AsyncClient | None = None
+        self._subscribers: list[EventSubscriber] = []
 
     @property
     def ready(self) -> bool:
@@ -92,8 +97,14 @@ class UpstreamEngine:
         logger.log(*self.guided.notice())
         # One pooled client for every request: connections to the upstreams are reused.
         self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+        self._subscribers = [EventSubscriber(_root(url), held, self._client)
+                             for url, held in zip(self._urls, self._held, strict=False)]
+        for subscriber in self._subscribers:
+            subscriber.start()
 
     async def close(self) -> None:
+        for subscriber in self._subscribers:
+            await subscriber.close()
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
@@ -320,3 +331,9 @@ def _describe(exc: httpx.HTTPError) -> str:
         if isinstance(exc, kind):
             return text
     return type(exc).__name__
+
+
+def _root(url: str) -> str:
+    """The server a `/v1` base URL belongs to (where vLLM answers `/kv_event_sources`)."""
+    parts = httpx.URL(url)
+    return str(parts.copy_with(path="/", query=None, fragment=None)).rstrip("/")

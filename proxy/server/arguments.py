@@ -281,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--upstream-routing", choices=ROUTERS, default="cache-aware",
         help="which of several --upstream-url replicas serves a request: cache-aware (where the prompt's longest "
              "prefix went, bounded by load; session keys as hints) or round-robin")
+    upstream.add_argument(
+        "--upstream-kv-events", choices=("auto", "off"), default="auto",
+        help="cache-aware routing on the KV-cache events replicas publish (vLLM's --kv-events-config, found through "
+             "their /kv_event_sources): auto uses them where published, off routes on what was sent only")
     upstream.add_argument("--upstream-connect-timeout", type=float, default=5.0, help="seconds")
     upstream.add_argument("--upstream-read-timeout", type=float, default=600.0, help="seconds between chunks")
     return parser

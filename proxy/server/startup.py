@@ -285,7 +285,8 @@ def _build_engine(
             raise StartupError("--engine upstream needs --upstream-url http://host:port/v1 (repeatable)")
         return UpstreamEngine(vocab, args.upstream_url, args.upstream_model or config.served_model_name,
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
-                              args.upstream_read_timeout, args.upstream_guided_decoding, args.upstream_routing)
+                              args.upstream_read_timeout, args.upstream_guided_decoding, args.upstream_routing,
+                              kv_events=args.upstream_kv_events == "auto")
     from proxy.engines.trtllm import TrtllmEngine
 
     return TrtllmEngine(llm_args if llm_args is not None else trtllm_arguments(args), vocab)
