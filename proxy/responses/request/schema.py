@@ -167,7 +167,7 @@ NAMESPACE_TOOL = _object(["type", "name", "description", "tools"], {
     "type": {"const": "namespace"},
     "name": _STRING,
     "description": _STRING,
-    "tools": {"type": "array", "items": {"type": "object", "required": ["type"]}},
+    "tools": {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {"type": _STRING}}},
 })
 
 # Tool types of the API that no server runs here and the model cannot call: a 400 naming the type, with the reason.
