@@ -59,6 +59,8 @@ def server(vocab: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
           suppress_health_check=list(HealthCheck))
 @given(hostile=st.lists(_MESSAGE, min_size=1, max_size=8))
 def test_no_message_ends_the_connection_or_loses_a_running_response(server: LiveServer, hostile: list[str]) -> None:
+    """Any messages of every type (each field any JSON value), unknown types, junk: answered by events (never a
+    5xx), the connection open, and a response running meanwhile completes and is stored."""
     async def run() -> tuple[dict[str, str], str]:
         ends: dict[str, str] = {}
         probe = ""
@@ -72,6 +74,7 @@ def test_no_message_ends_the_connection_or_loses_a_running_response(server: Live
             deadline = time.monotonic() + 30
             while len(ends) < 2:
                 event = json.loads(await asyncio.wait_for(socket.recv(), deadline - time.monotonic()))
+                assert event["type"] != "error" or event["status"] < 500, event  # a client's message: never 5xx
                 lane = event.get("stream_id")
                 if lane in ("probe", "last") and event["type"] in TERMINAL:
                     ends[lane] = event["type"]
