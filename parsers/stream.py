@@ -13,11 +13,13 @@ a special token or header text into an item's text. It recovers from what gpt-os
   in its place): the recognisable header, the rest its text (unless punctuation alone); a header that outgrows
   MAX_HEADER_BYTES is read the same way, and its message goes on. A header a new `<|start|>` interrupts was
   abandoned: dropped;
-- a bare channel name right before `<|channel|>`: header debris, dropped;
+- a bare channel name right before `<|channel|>` or `<|start|>`: header debris, dropped (before an end token it
+  is what the model said);
 - a malformed header, or one addressed to a namespace other than `functions` (`browser.search`, `python`):
   that message is skipped whole, the rest is kept; unless the namespace is one the parser was given (tools the
   server runs: an MCP server's, or the built-in `browser` and `python` offered), whose messages are server calls;
-- output cut off anywhere: the open item ends incomplete, a half-written header is dropped.
+- output cut off anywhere: the open item ends incomplete; a header cut off after a stray token where its
+  `<|message|>` should be is read as a message closed there (as above), a half-written header is dropped.
 
 Cost per token does not grow with the message: a body token is one list lookup and one append (openai-harmony's
 StreamableParser copies the whole message on every `current_content`, and raises on bare text).
@@ -140,10 +142,11 @@ class OutputParser:
         return OutputParser.feed(self, tokens)
 
     def finish(self) -> list[Event]:
-        """The generation ended: close an item cut off mid-body, drop a half-written header."""
+        """The generation ended: close an item cut off mid-body or after an unmarked header (its text kept, as an
+        end token would), drop a half-written header."""
         events: list[Event] = []
         self._at = len(self._kept) if self._kept is not None else 0
-        if self._mode is _Mode.BODY:
+        if self._mode is _Mode.BODY or (self._mode is _Mode.HEADER and self._open_unmarked(events)):
             self._close(complete=False, events=events)
         elif self._mode is _Mode.PREFIX:
             self._settle_prefix(complete=False, events=events)
@@ -185,7 +188,7 @@ class OutputParser:
             if mode is _Mode.BODY or (mode is _Mode.HEADER and token != self._start and self._open_unmarked(events)):
                 self._close(complete=True, events=events)
             elif mode is _Mode.PREFIX:
-                self._settle_prefix(complete=True, events=events)
+                self._settle_prefix(complete=True, events=events, before_start=token == self._start)
             self._reset_header(_Mode.HEADER if token == self._start else _Mode.PREFIX)
         elif token == self._channel or token == self._constrain:
             marker = Marker.CHANNEL if token == self._channel else Marker.CONSTRAIN
@@ -207,11 +210,12 @@ class OutputParser:
                 self._mode = _Mode.SKIP_BODY
         # Any other special token (<|endoftext|>, reserved ids, ids past the vocabulary) is dropped.
 
-    def _settle_prefix(self, complete: bool, events: list[Event]) -> None:
-        """Held text ended by a boundary: a complete header fragment is dropped, anything else was bare content."""
+    def _settle_prefix(self, complete: bool, events: list[Event], before_start: bool = False) -> None:
+        """Held text ended by a boundary: a complete header fragment is dropped, anything else was bare content.
+        Before a `<|start|>`, a lone channel name is debris too: the model began a header, then a new message."""
         held = bytes(self._segments[0][1])
         text = held.decode("utf-8", "replace")
-        if not text.strip() or is_header_fragment(text):
+        if not text.strip() or is_header_fragment(text) or (before_start and could_start_header(text + " ")):
             return
         self._open(ItemKind.FINAL, None, events)
         self._item_tokens = self._prefix_tokens

@@ -91,7 +91,7 @@ class BrowserGuard:
         if host is not None and self._hosts is not None and _host_name(host) not in self._hosts:
             return APIError(421, "The Host header names a host this server does not serve (see --allowed-hosts).",
                             code="invalid_host", type="invalid_request_error")
-        if origin is not None and not self._allows_origin(origin, host):
+        if origin is not None and not self._allows_origin(origin, host, _page_scheme(scope)):
             return APIError(403, f"Requests from the origin {origin[:200]!r} are not allowed (see --allowed-origins).",
                             code="origin_not_allowed", type="invalid_request_error")
         simple = content_type is not None and content_type.startswith(_SIMPLE_CONTENT_TYPES)
@@ -100,10 +100,18 @@ class BrowserGuard:
                             param="Content-Type", code="unsupported_media_type", type="invalid_request_error")
         return None
 
-    def _allows_origin(self, origin: str, host: str | None) -> bool:
+    def _allows_origin(self, origin: str, host: str | None, own_scheme: str) -> bool:
+        """Listed, or this server's own origin: same scheme (an https page is another origin than the http
+        server at the same host and port, RFC 6454), same host and port."""
         if self._origins is None or origin in self._origins:
             return True
         scheme, _, netloc = origin.partition("://")
-        return host is not None and bool(netloc) and (
+        return host is not None and bool(netloc) and scheme == own_scheme and (
             _without_default_port(netloc, scheme) == _without_default_port(host, scheme)
         )
+
+
+def _page_scheme(scope: Scope) -> str:
+    """The scheme of this server's own pages: a WebSocket's `ws`/`wss` is served beside `http`/`https`."""
+    scheme = scope.get("scheme", "http")
+    return {"ws": "http", "wss": "https"}.get(scheme, scheme)

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from parsers.detokenize import Detokenizer
+from parsers.vocab import Vocab
 from proxy.disconnect import close_shielded, unless_disconnected
 from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint, SamplingParams, Step
 from proxy.errors import from_engine, invalid_request
@@ -29,59 +30,63 @@ from proxy.outcome import Outcome
 from proxy.sse import DONE, EventStream, data_frame
 from proxy.state import ServerState
 from proxy.stop_strings import StopMatcher
-from proxy.validation import check, compile_schema, read_json_object
+from proxy.validation import check, compile_schema, read_json_object, refuse_unsupported
 
 _NULLABLE_BOOL = {"type": ["boolean", "null"]}
-_REQUEST = compile_schema(
-    {
-        "type": "object",
-        "required": ["model", "prompt"],
-        "properties": {
-            "model": {"type": "string"},
-            "prompt": {
-                "anyOf": [
-                    {"type": "string", "minLength": 1},
-                    {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
-                ]
-            },
-            "max_tokens": {"type": ["integer", "null"], "minimum": 1},
-            "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
-            "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
-            "seed": {"type": ["integer", "null"]},
-            "stop": {"anyOf": [{"type": "null"}, {"type": "string", "minLength": 1, "maxLength": 1024},
-                               {"type": "array", "maxItems": 16,
-                                "items": {"type": "string", "minLength": 1, "maxLength": 1024}}]},
-            "stream": _NULLABLE_BOOL,
-            "stream_options": {
-                "type": ["object", "null"],
-                "properties": {"include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"}},
-                "additionalProperties": False,
-            },
-            "n": {"enum": [1, None]},
-            "best_of": {"enum": [1, None]},
-            "echo": {"enum": [False, None]},
-            "logprobs": {"enum": [0, None]},
-            "suffix": {"type": "null"},
-            "frequency_penalty": {"enum": [0, None]},
-            "presence_penalty": {"enum": [0, None]},
-            "logit_bias": {"type": ["object", "null"], "maxProperties": 0},
-            "user": {"type": ["string", "null"]},
-            "ignore_eos": _NULLABLE_BOOL,
-            "min_tokens": {"type": ["integer", "null"], "minimum": 0},
-            "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}},
-            "return_token_ids": _NULLABLE_BOOL,
-            "skip_special_tokens": _NULLABLE_BOOL,
-            "spaces_between_special_tokens": _NULLABLE_BOOL,  # no effect: tokens decode without added spaces
-            "include_stop_str_in_output": _NULLABLE_BOOL,
-            "structured_outputs": {
-                "type": ["object", "null"],
-                "properties": {"json": {"type": "object"}},
-                "additionalProperties": False,  # grammar, regex, choice, structural_tag: not enforced here
-            },
+COMPLETIONS_REQUEST: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "prompt"],
+    "properties": {
+        "model": {"type": "string"},
+        "prompt": {  # null: from the start of a new document, as OpenAI (see _prompt_ids)
+            "anyOf": [
+                {"type": "null"},
+                {"type": "string", "minLength": 1},
+                {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+            ]
         },
-        "additionalProperties": False,
-    }
-)
+        "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+        "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},  # 0: greedy (_sampling)
+        "seed": {"type": ["integer", "null"]},
+        "stop": {"anyOf": [{"type": "null"}, {"type": "string", "minLength": 1, "maxLength": 1024},
+                           {"type": "array", "maxItems": 16,
+                            "items": {"type": "string", "minLength": 1, "maxLength": 1024}}]},
+        "stream": _NULLABLE_BOOL,
+        "stream_options": {
+            "type": ["object", "null"],
+            # include_obfuscation: OpenAI pads stream events with random characters unless it is false; none here.
+            "properties": {"include_usage": {"type": "boolean"}, "continuous_usage_stats": {"type": "boolean"},
+                           "include_obfuscation": {"type": "boolean"}},
+            "additionalProperties": False,
+        },
+        "n": {"enum": [1, None]},
+        "best_of": {"enum": [1, None]},
+        "echo": {"enum": [False, None]},
+        "logprobs": {"enum": [0, None]},
+        "suffix": {"type": ["string", "null"]},  # refused with a value (UNSUPPORTED)
+        "frequency_penalty": {"enum": [0, None]},
+        "presence_penalty": {"enum": [0, None]},
+        "logit_bias": {"type": ["object", "null"], "maxProperties": 0},
+        "user": {"type": ["string", "null"]},
+        "ignore_eos": _NULLABLE_BOOL,
+        "min_tokens": {"type": ["integer", "null"], "minimum": 0},
+        "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}},
+        "return_token_ids": _NULLABLE_BOOL,
+        "skip_special_tokens": _NULLABLE_BOOL,
+        "spaces_between_special_tokens": _NULLABLE_BOOL,  # no effect: tokens decode without added spaces
+        "include_stop_str_in_output": _NULLABLE_BOOL,
+        "structured_outputs": {
+            "type": ["object", "null"],
+            "properties": {"json": {"type": "object"}},
+            "additionalProperties": False,  # grammar, regex, choice, structural_tag: not enforced here
+        },
+    },
+    "additionalProperties": False,
+}
+_REQUEST = compile_schema(COMPLETIONS_REQUEST)
+UNSUPPORTED = {"suffix": "gpt-oss was not trained to insert text before a suffix (fill-in-the-middle); send the text "
+                         "before the insertion point as the prompt"}
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 
@@ -92,6 +97,7 @@ async def completions(request: Request) -> Response:
     if isinstance(body.get("prompt"), list) and body["prompt"] and not isinstance(body["prompt"][0], int):
         raise invalid_request("Send one prompt per request: a string or a list of token ids.", param="prompt")
     check(body, _REQUEST)
+    refuse_unsupported(body, UNSUPPORTED)
     state.check_model(body["model"])
     state.require_ready()
     completion = _Completion(state, body)
@@ -122,8 +128,7 @@ class _Completion:
 
     def __init__(self, state: ServerState, body: dict[str, Any]) -> None:
         vocab = state.vocab
-        prompt = body["prompt"]
-        prompt_ids = vocab.encode_harmony(prompt) if isinstance(prompt, str) else list(prompt)
+        prompt_ids = _prompt_ids(vocab, body["prompt"])
         for param, ids in (("prompt", prompt_ids), ("stop_token_ids", body.get("stop_token_ids") or [])):
             if any(token >= vocab.vocab_size for token in ids):
                 raise invalid_request(f"`{param}` holds a token id past the vocabulary (ids are 0 to "
@@ -137,10 +142,13 @@ class _Completion:
                 code="context_length_exceeded",
             )
         stop_ids = body.get("stop_token_ids")
+        # top_p 0 keeps only the likeliest token (OpenAI accepts it): greedy decoding, which engines take as
+        # temperature 0 (vLLM and TensorRT-LLM refuse a top_p of 0).
+        greedy = body.get("top_p") == 0
         sampling = SamplingParams(
             max_tokens=max_tokens,
-            temperature=body.get("temperature"),
-            top_p=body.get("top_p"),
+            temperature=0.0 if greedy else body.get("temperature"),
+            top_p=None if greedy else body.get("top_p"),
             seed=body.get("seed"),
             stop_token_ids=tuple(stop_ids) if stop_ids is not None else vocab.stop_token_ids,
             min_tokens=body.get("min_tokens") or 0,
@@ -252,6 +260,14 @@ async def _frames(
     finally:
         await close_shielded(steps)
     yield end + DONE
+
+
+def _prompt_ids(vocab: Vocab, prompt: str | list[int] | None) -> list[int]:
+    """The prompt's token ids. No prompt: the document separator alone, from which "the model will generate as if
+    from the beginning of a new document" (OpenAI's reference for `prompt`)."""
+    if prompt is None:
+        return vocab.encode_harmony("<|endoftext|>")
+    return vocab.encode_harmony(prompt) if isinstance(prompt, str) else list(prompt)
 
 
 def _json(payload: dict[str, Any]) -> str:

@@ -149,6 +149,18 @@ def refuse_unsupported(body: dict[str, Any], unsupported: dict[str, str]) -> Non
             raise invalid_request(f"`{name}` is not supported: {reason}.", param=name, code="unsupported_parameter")
 
 
+def type_name(value: Any, param: str) -> str | None:
+    """The `type` an object names (a tool, an item, a part), None where it names none; a 400 naming `param` when that
+    `type` is not a string. Every lookup of a type in a set or dict goes through here: a list or an object is not
+    even hashable, and would be a TypeError (a 500) there."""
+    if not isinstance(value, dict) or "type" not in value:
+        return None
+    kind = value["type"]
+    if not isinstance(kind, str):
+        raise invalid_request(f"Invalid type for '{param}': expected string.", param=param)
+    return kind
+
+
 def check_tool_types(tools: Any, catalog: ToolCatalog, accepted: frozenset[str] = frozenset({"function"}),
                      refused: dict[str, str] | None = None) -> None:
     """Not too many tools (first: nothing else should have to look at 5,000 of them), and only the tool types the API
@@ -159,9 +171,9 @@ def check_tool_types(tools: Any, catalog: ToolCatalog, accepted: frozenset[str] 
     except ToolError as exc:
         raise invalid_request(str(exc), param=exc.param, code=exc.code) from None
     for position, tool in enumerate(tools if isinstance(tools, list) else []):
-        kind = tool.get("type") if isinstance(tool, dict) else None
+        kind = type_name(tool, f"tools[{position}].type")
         if kind not in accepted:
-            reason = (refused or {}).get(kind) if isinstance(kind, str) else None
+            reason = (refused or {}).get(kind) if kind is not None else None
             raise invalid_request(
                 f"Tool type {kind!r} is not supported: "
                 f"{reason or 'declare ' + ', '.join(sorted(accepted)) + ' tools'}.",

@@ -60,6 +60,9 @@ def test_a_foreign_origin_is_refused_and_the_server_s_own_pages_pass(serve: Call
     assert cancel.status_code == 403
     assert post(server, **json_type, origin=f"http://127.0.0.1:{server.port}").status_code == 200  # the playground
     assert post(server, **json_type).status_code == 200  # not a browser: no Origin
+    # The same host and port under another scheme is another origin (RFC 6454): an https page is not ours.
+    other_scheme = post(server, **json_type, origin=f"https://127.0.0.1:{server.port}")
+    assert other_scheme.status_code == 403 and other_scheme.json()["error"]["code"] == "origin_not_allowed"
 
 
 def test_allowed_origins_get_cors_even_with_an_api_key(serve: Callable[..., LiveServer]) -> None:
@@ -105,4 +108,5 @@ def test_a_websocket_from_a_foreign_origin_or_host_is_refused(serve: Callable[..
     assert asyncio.run(handshake(Origin="https://evil.example")) == 403
     assert asyncio.run(handshake(Host=f"attacker.example:{server.port}")) == 403
     assert asyncio.run(handshake(Origin=server.base_url)) == 101
+    assert asyncio.run(handshake(Origin=server.base_url.replace("http://", "https://"))) == 403
     assert asyncio.run(handshake()) == 101

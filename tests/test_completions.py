@@ -84,6 +84,7 @@ def test_limits_stop_strings_and_stop_token_ids(serve: Callable[..., LiveServer]
         ({"prompt": [1], "echo": True}, "echo"),
         ({"prompt": [1], "n": 2}, "n"),
         ({"prompt": [1], "suffix": "x"}, "suffix"),
+        ({"prompt": [1], "suffix": 5}, "suffix"),
         ({"prompt": [1], "logprobs": 5}, "logprobs"),
         ({"prompt": [1], "best_of": 3}, "best_of"),
         ({"prompt": [1], "foo": 1}, "foo"),
@@ -94,3 +95,20 @@ def test_limits_stop_strings_and_stop_token_ids(serve: Callable[..., LiveServer]
 def test_requests_we_cannot_honour_are_400s(serve: Callable[..., LiveServer], body: dict[str, Any], param: str) -> None:
     response = post(serve(completions=[ANSWER]), **body)
     assert response.status_code == 400 and response.json()["error"]["param"] == param
+
+
+def test_what_openai_accepts_is_accepted(serve: Callable[..., LiveServer], vocab: Any) -> None:
+    """`prompt: null` (a new document: the model sees the separator alone), `top_p: 0` (the likeliest token only:
+    greedy, which engines take as temperature 0), `stream_options.include_obfuscation` (nothing to pad here), and
+    `suffix`, refused with the reason rather than as a type error."""
+    engine = Recording(scripted_engine(vocab, [ANSWER]))
+    server = serve(engine=engine)
+    assert post(server, prompt=None).status_code == 200
+    assert engine.requests[-1].prompt_token_ids == vocab.encode_harmony("<|endoftext|>")
+    assert post(server, prompt=[1], top_p=0, temperature=0.7).status_code == 200
+    assert (engine.requests[-1].sampling.temperature, engine.requests[-1].sampling.top_p) == (0.0, None)
+    streamed = post(server, prompt=[1], stream=True, stream_options={"include_obfuscation": False})
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    suffix = post(server, prompt=[1], suffix="x").json()["error"]
+    assert suffix["code"] == "unsupported_parameter" and "fill-in-the-middle" in suffix["message"]
+    assert post(server, prompt=[1], suffix=None).status_code == 200

@@ -279,3 +279,57 @@ def test_an_error_quotes_a_bounded_part_of_the_value(server: LiveServer, path: s
     response = httpx.post(server.base_url + path, json={"model": MODEL, **body}, timeout=30)
     assert 400 <= response.status_code < 500, response.text[:300]
     assert len(response.content) < 1000, response.text[:300]
+
+
+RESPONSES_ROUTES = ["/v1/responses", "/v1/responses/input_tokens", "/v1/responses/compact"]
+_TYPED_BADLY = [
+    ({"tools": [{"type": {}}]}, "tools[0].type"),
+    ({"tools": [{"type": ["function"], "name": "f"}]}, "tools[0].type"),
+    ({"tools": [{"type": None}]}, "tools[0].type"),
+]
+
+
+@pytest.mark.parametrize(("extra", "param"), _TYPED_BADLY)
+@pytest.mark.parametrize("path", [CHAT, "/tokenize"])
+def test_a_type_that_is_not_a_string_is_a_400_on_chat(server: LiveServer, path: str, extra: dict[str, Any],
+                                                      param: str) -> None:
+    response = httpx.post(server.base_url + path, json={"model": MODEL, "messages": HI, **extra}, timeout=30)
+    assert response.status_code == 400, response.text[:300]
+    assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        *_TYPED_BADLY,
+        ({"tools": [{"type": "namespace", "name": "ns", "description": "d", "tools": [{"type": {}}]}]},
+         "tools[0].tools[0].type"),
+        ({"input": [{"type": "additional_tools", "role": "developer", "tools": [{"type": {}}]},
+                    {"role": "user", "content": "hi"}]}, "input[0].tools[0].type"),
+        ({"input": [{"type": "code_interpreter_call", "id": "ci_1", "code": "1",
+                     "outputs": [{"type": "logs", "logs": {}}]}, {"role": "user", "content": "hi"}]},
+         "input[0].outputs[0].logs"),
+        ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text"),
+        ({"input": [{"role": "assistant", "content": [{"type": "output_text"}]}, {"role": "user", "content": "hi"}]},
+         "input[0].content[0].text"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text"}]}]},
+         "input[1].output[0].text"),
+    ],
+)
+@pytest.mark.parametrize("path", RESPONSES_ROUTES)
+def test_malformed_tools_and_items_are_400s_on_every_responses_route(server: LiveServer, path: str,
+                                                                      extra: dict[str, Any], param: str) -> None:
+    """Each of these was a TypeError in a parser that trusted a type (a 500); a text part without its text was
+    accepted, and compact echoed it back."""
+    response = httpx.post(server.base_url + path, json={"model": MODEL, "input": "hi", **extra}, timeout=30)
+    assert response.status_code == 400, response.text[:300]
+    assert response.json()["error"]["param"] == param
+
+
+def test_compact_requires_a_model_as_openai(server: LiveServer) -> None:
+    response = httpx.post(server.base_url + "/v1/responses/compact", json={"input": "hi"}, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "model"
+    assert response.json()["error"]["code"] == "missing_required_parameter"
+    counted = httpx.post(server.base_url + "/v1/responses/input_tokens", json={"input": "hi"}, timeout=30)
+    assert counted.status_code == 200  # optional there: the served model

@@ -157,7 +157,10 @@ def collect(vocab: Vocab, text: str) -> list[tuple[str, str | None, str, bool]]:
         ("<|channel|>commentary ...?<|end|>", []),  # punctuation alone: constrained-decoding debris
         ("<|channel|>commentary to=functions.f {}<|call|>", [("tool_call", "f", "{}", True)]),
         ("<|channel|>commentary to=functions.f<|constrain|>json<|call|>", []),
-        ("<|channel|>final Hello", []),  # cut off before any boundary: still a half-written header
+        # cut off after a header whose <|message|> never came: read as a message closed there, as an end token would
+        ("<|channel|>final Hello", [("final", None, "Hello", False)]),
+        ("<|channel|>final", []),  # cut off within the header: half-written, dropped
+        ("<|channel|>commentary to=functions.f", []),
         # a bare channel name right before <|channel|> is header debris; before an end it is what the model said
         (("<|channel|>analysis<|message|>a<|end|>commentary<|channel|>commentary to=functions.get_weather json"
           "<|message|>{}<|call|>"), [("reasoning", None, "a", True), ("tool_call", "get_weather", "{}", True)]),

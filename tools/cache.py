@@ -72,6 +72,12 @@ class BoundedCache(Generic[K, V]):
                 _, (_, dropped) = self._entries.popitem(last=False)
                 self._weight -= dropped
 
+    def discard(self, key: K) -> None:
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._weight -= old[1]
+
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats(self._hits, self._misses, len(self._entries), self._weight)

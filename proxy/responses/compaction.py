@@ -143,7 +143,7 @@ async def compact_first(state: ServerState, parsed: ResponsesRequest, history: l
 async def compact_response(request: Request) -> Response:
     """`POST /v1/responses/compact`: stateless, nothing stored."""
     state: ServerState = request.app.state.harmony
-    parsed, history, items = await read_resolved(request, state)
+    parsed, history, items = await read_resolved(request, state, model_required=True)  # as OpenAI
     state.require_ready()
     items, _ = split_trigger(items)
     if not history and not items:

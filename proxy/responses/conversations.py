@@ -26,12 +26,12 @@ from proxy.validation import METADATA, check, compile_schema, read_json_object
 MAX_ITEMS_PER_REQUEST = 20  # as OpenAI: "You may add up to 20 items at a time."
 
 _ITEMS = {"type": "array", "maxItems": MAX_ITEMS_PER_REQUEST, "items": {"type": "object"}}
-_CREATE = compile_schema({"type": "object", "additionalProperties": False,
-                          "properties": {"items": {"anyOf": [{"type": "null"}, _ITEMS]}, "metadata": METADATA}})
-_UPDATE = compile_schema({"type": "object", "additionalProperties": False, "required": ["metadata"],
-                          "properties": {"metadata": METADATA}})
-_ADD = compile_schema({"type": "object", "additionalProperties": False, "required": ["items"],
-                       "properties": {"items": _ITEMS}})
+CREATE_REQUEST = {"type": "object", "additionalProperties": False,
+                  "properties": {"items": {"anyOf": [{"type": "null"}, _ITEMS]}, "metadata": METADATA}}
+UPDATE_REQUEST = {"type": "object", "additionalProperties": False, "required": ["metadata"],
+                  "properties": {"metadata": METADATA}}
+ADD_REQUEST = {"type": "object", "additionalProperties": False, "required": ["items"], "properties": {"items": _ITEMS}}
+_CREATE, _UPDATE, _ADD = compile_schema(CREATE_REQUEST), compile_schema(UPDATE_REQUEST), compile_schema(ADD_REQUEST)
 
 
 async def create_conversation(request: Request) -> Response:

@@ -26,13 +26,14 @@ async def count_input_tokens(request: Request) -> Response:
     return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt)})
 
 
-async def read_resolved(request: Request, state: ServerState) -> tuple[ResponsesRequest, list[dict[str, Any]],
-                                                                       list[dict[str, Any]]]:
-    """A Responses body that generates nothing yet (counted, compacted): read, its model and built-in tools
-    checked, its history and item references looked up."""
+async def read_resolved(request: Request, state: ServerState, model_required: bool = False
+                        ) -> tuple[ResponsesRequest, list[dict[str, Any]], list[dict[str, Any]]]:
+    """A Responses body that generates nothing yet (counted, compacted): read, its model (the served one when
+    absent, unless `model_required`) and built-in tools checked, its history and item references looked up."""
     config = state.config
+    default_model = None if model_required else config.served_model_name
     parsed = await read_responses_request(
-        request, config.default_reasoning_effort, config.served_model_name, state.renderer.tools)
+        request, config.default_reasoning_effort, default_model, state.renderer.tools)
     state.check_model(parsed.model)
     parsed.hosted = await offered_builtins(parsed.hosted, state.tool_servers)
     history, items = await resolve(parsed, state.responses)

@@ -58,6 +58,11 @@ class Turns:
     def get(self, response_id: Any) -> Turn | None:
         return self._turns.get(response_id) if isinstance(response_id, str) else None
 
+    def forget(self, response_id: Any) -> None:
+        """A continuation of it failed: it is not continued again (Open Responses: evicted)."""
+        if isinstance(response_id, str):
+            self._turns.discard(response_id)
+
     def remember(self, response_id: str, plan: Plan, output: list[dict[str, Any]]) -> None:
         conversation = plan.conversation
         if conversation is not None and _plain(output) and not _ends_unphased(plan.items):

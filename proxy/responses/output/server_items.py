@@ -54,7 +54,9 @@ SERVER_ITEMS: dict[str, dict[str, Any]] = {
     }),
     "code_interpreter_call": _object([], {
         "type": {"const": "code_interpreter_call"}, "id": _STRING, "status": _STATUS, "code": _NULLABLE_STRING,
-        "container_id": _STRING, "outputs": {"type": ["array", "null"], "items": {"type": "object"}},
+        "container_id": _STRING, "outputs": {"type": ["array", "null"], "items": {
+            "type": "object", "required": ["type"],
+            "properties": {"type": {"enum": ["logs", "image"]}, "logs": _STRING, "url": _STRING}}},
     }),
 }
 ID_PREFIXES = {"mcp_list_tools": "mcpl_", "mcp_call": "mcp_", "mcp_approval_request": "mcpr_",

@@ -28,7 +28,7 @@ from proxy.responses.request.schema import (
     TOOL_SEARCH_NOTE,
     TOOL_SEARCH_TOOL,
 )
-from proxy.validation import check, compile_schema
+from proxy.validation import check, compile_schema, type_name
 from tools.cache import ToolCatalog
 from tools.definitions import FunctionTool, ToolError, check_unique, declaration_key, namespace_error
 from tools.freeform import Freeform
@@ -72,7 +72,7 @@ def read_client_tools(tools: list[Any], items: list[dict[str, Any]], catalog: To
             reading.seen = {declaration_key(*declaration) for declaration in reading.declarations}
         for index, tool in enumerate(item["tools"]):
             where = f"input[{position}].tools[{index}]"
-            kind = tool.get("type") if isinstance(tool, dict) else None
+            kind = type_name(tool, f"{where}.type")
             if kind in _NOT_OFFERED_THERE:
                 logger.info("%s (%r): not offered to the model: declare server-side tools in `tools`", where, kind)
                 continue
@@ -92,9 +92,9 @@ def _freeform(value: dict[str, Any] | None) -> Freeform:
     return Freeform(value["syntax"], value["definition"])
 
 
-def _check_kind(kind: Any, param: str) -> None:
+def _check_kind(kind: str | None, param: str) -> None:
     if kind not in CLIENT_TOOL_TYPES:
-        reason = REFUSED_TOOLS.get(kind) if isinstance(kind, str) else None
+        reason = REFUSED_TOOLS.get(kind) if kind is not None else None
         reason = reason or "declare function, custom or namespace tools"
         raise invalid_request(f"Tool type {kind!r} is not supported: {reason}.",
                               param=param, code="invalid_value")

@@ -21,7 +21,7 @@ from proxy.server_tools.allow import redacted_url
 from proxy.server_tools.headers import REDACTED, HeaderError, ServerHeaders
 from proxy.server_tools.listing import McpTool
 from proxy.server_tools.rendering import label_error
-from proxy.validation import check, compile_schema
+from proxy.validation import check, compile_schema, type_name
 
 logger = logging.getLogger("harmony_proxy")
 
@@ -39,12 +39,11 @@ _NULLABLE_STRING = {"type": ["string", "null"]}
 _CALLERS = {"type": ["array", "null"], "items": {"enum": ["direct", "programmatic"]}}
 
 
-def _tool(properties: dict[str, Any]) -> Any:
-    return compile_schema({"type": "object", "required": ["type"], "properties": properties,
-                           "additionalProperties": False})
+def _tool(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": ["type"], "properties": properties, "additionalProperties": False}
 
 
-_MCP = _tool({
+MCP_TOOL = _tool({
     "type": {"const": "mcp"},
     "server_label": {"type": "string"},
     "server_url": {"type": "string"},
@@ -60,7 +59,7 @@ _MCP = _tool({
     "allowed_callers": _CALLERS,
 })
 # Search options the gpt-oss browser has no use for are accepted and ignored; a domain filter it cannot honour is not.
-_BROWSER = _tool({
+BROWSER_TOOL = _tool({
     "type": {"enum": sorted(BROWSER_TYPES)},
     "search_context_size": {"enum": ["low", "medium", "high", None]},
     "search_content_types": {"type": ["array", "null"], "items": {"enum": ["text", "image"]}},
@@ -68,13 +67,14 @@ _BROWSER = _tool({
     "filters": {"type": ["object", "null"]},
     "external_web_access": {"type": ["boolean", "null"]},
 })
-_PYTHON = _tool({
+PYTHON_TOOL = _tool({
     "type": {"const": "code_interpreter"},
     "container": {"anyOf": [{"type": "string"}, {"type": "object", "required": ["type"], "properties": {
         "type": {"const": "auto"}, "file_ids": _STRINGS, "memory_limit": _NULLABLE_STRING,
         "network_policy": {"type": ["object", "null"]}}, "additionalProperties": False}]},
     "allowed_callers": _CALLERS,
 })
+_MCP, _BROWSER, _PYTHON = compile_schema(MCP_TOOL), compile_schema(BROWSER_TOOL), compile_schema(PYTHON_TOOL)
 
 
 @dataclass(frozen=True)
@@ -184,11 +184,11 @@ class HostedRequest:
 def split_server_tools(body: dict[str, Any]) -> tuple[dict[str, Any], HostedRequest]:
     """(the body with only its function tools, the server-side tools); a 400 for a malformed server-side tool."""
     tools = body.get("tools")
-    if not isinstance(tools, list) or not any(_kind(tool) in SERVER_TOOL_TYPES for tool in tools):
+    if not isinstance(tools, list) or not any(_kind(tool, at) in SERVER_TOOL_TYPES for at, tool in enumerate(tools)):
         return body, HostedRequest()
     functions, servers, builtin, echo, container, kinds = [], [], {}, [], "auto", {}
     for position, tool in enumerate(tools):
-        kind = _kind(tool)
+        kind = _kind(tool, position)
         if kind not in SERVER_TOOL_TYPES:
             functions.append(tool)
             continue
@@ -218,8 +218,8 @@ def split_server_tools(body: dict[str, Any]) -> tuple[dict[str, Any], HostedRequ
     return {**body, "tools": functions}, HostedRequest(tuple(servers), builtin, tuple(echo), container, kinds)
 
 
-def _kind(tool: Any) -> Any:
-    return tool.get("type") if isinstance(tool, dict) else None
+def _kind(tool: Any, position: int) -> str | None:
+    return type_name(tool, f"tools[{position}].type")
 
 
 def _mcp(tool: dict[str, Any], position: int) -> McpRequest:

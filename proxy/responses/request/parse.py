@@ -102,7 +102,7 @@ class ResponsesRequest:
 
 
 async def read_responses_request(
-    request: Request, default_effort: str, default_model: str, tools: ToolCatalog
+    request: Request, default_effort: str, default_model: str | None, tools: ToolCatalog
 ) -> ResponsesRequest:
     """The request body, read and parsed (off the event loop when it is large)."""
     return await read_and_parse(
@@ -110,11 +110,15 @@ async def read_responses_request(
 
 
 def parse_responses_request(
-    body: dict[str, Any], default_effort: str, default_model: str, tools: ToolCatalog | None = None
+    body: dict[str, Any], default_effort: str, default_model: str | None, tools: ToolCatalog | None = None
 ) -> ResponsesRequest:
-    """`tools` checks and remembers tool declarations and bounds their number and size (defaults: a new one)."""
+    """`tools` checks and remembers tool declarations and bounds their number and size (defaults: a new one);
+    `default_model` None: `model` is required."""
     catalog = ToolCatalog() if tools is None else tools
     refuse_unsupported(body, UNSUPPORTED)
+    if default_model is None and body.get("model") is None:
+        raise invalid_request("Missing required parameter: 'model'.", param="model",
+                              code="missing_required_parameter")
     tools = body.get("tools")
     if isinstance(tools, list) and len(tools) > catalog.max_tools + MAX_SERVER_TOOLS:
         raise invalid_request(f"Invalid 'tools': array too long ({len(tools)} tools).", param="tools",
@@ -156,7 +160,7 @@ def parse_responses_request(
         max_tool_calls = 1
     return ResponsesRequest(
         body=body,
-        model=body.get("model") or default_model,
+        model=body.get("model") or default_model or "",
         input_items=items,
         tools=client.tools,
         tool_namespaces=client.namespaces,
@@ -339,8 +343,20 @@ def _normalize(item: Any, where: str) -> dict[str, Any]:
             if piece["type"] not in TEXT_PARTS and piece["type"] != "refusal":
                 raise invalid_request(f"Content part type {piece['type']!r} is not supported: gpt-oss takes text only.",
                                       param=f"{where}.content[{index}]", code="unsupported_content")
+            _require_text(piece, f"{where}.content[{index}]")
         item = {**item, "content": content, "status": item.get("status") or "completed"}
+    elif kind in ("function_call_output", "custom_tool_call_output") and isinstance(item["output"], list):
+        for index, piece in enumerate(item["output"]):
+            _require_text(piece, f"{where}.output[{index}]")
     return {"id": item.get("id") or new_id(_ID_PREFIX[kind]), **{key: item[key] for key in item if key != "id"}}
+
+
+def _require_text(part: dict[str, Any], where: str) -> None:
+    """A text part without its text (or a refusal without the refusal) is malformed, as OpenAI answers."""
+    field = "refusal" if part["type"] == "refusal" else "text" if part["type"] in TEXT_PARTS else None
+    if field is not None and field not in part:
+        raise invalid_request(f"Missing required parameter: '{where}.{field}'.", param=f"{where}.{field}",
+                              code="missing_required_parameter")
 
 
 def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Sealer | None,

@@ -198,7 +198,7 @@ NAMESPACE_TOOL = _object(["type", "name", "tools"], {
     "type": {"const": "namespace"},
     "name": _STRING,
     "description": {"type": ["string", "null"]},
-    "tools": {"type": "array", "items": {"type": "object", "required": ["type"]}},
+    "tools": {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {"type": _STRING}}},
 })
 # Tool search (`defer_loading` tools found when the model searches): every tool is declared up front here, so the
 # model has nothing to search and never calls it; accepted so that clients that always send it work.

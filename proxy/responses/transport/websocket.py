@@ -13,6 +13,13 @@ response fails as over SSE. `response.cancel` (`response_id`) stops a response, 
 `response.cancelled`; the client leaving cancels every response of the connection. `response.steer` stops a
 running response and continues it with the client's input (proxy/responses/steering.py). Pings are uvicorn's
 (`--ws-ping-interval`, `--ws-ping-timeout`): a peer that stops answering them is closed.
+
+Hostile clients: every message is checked before it is read (ws_messages.py), and whatever else goes wrong in
+handling one is an `error` event, never the end of the connection (only the protocol's close codes end it: 1007
+for a binary frame that is not UTF-8). A connection handles messages for TURN_SECONDS at most before it yields to
+the event loop, so one flooding small messages takes its turn with every other request. A continuation
+(`previous_response_id`) that fails evicts the turn it continued, as the Open Responses spec has: continuing from
+it again is `previous_response_not_found`.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from functools import partial
 from typing import Any
 
@@ -36,17 +44,20 @@ from proxy.responses.steering import Steer
 from proxy.responses.transport.frames import EventWriter
 from proxy.responses.transport.routes import check_create, new_run, prewarm_run
 from proxy.responses.transport.steers import ConnectionSteering, Successor
+from proxy.responses.transport.ws_messages import INVALID_UTF8, NotText, frame_text, read_message
+from proxy.schema_errors import quote
 from proxy.state import ServerState
 from proxy.telemetry.observer import publish
 from proxy.telemetry.request_record import RequestRecord, current_record, request_id_from
 from proxy.telemetry.tracing import RequestTrace
-from proxy.validation import LARGE_BODY_BYTES, decode_json_object
+from proxy.validation import LARGE_BODY_BYTES
 
 logger = logging.getLogger("harmony_proxy")
 
 MAX_ACTIVE = 16
 MAX_LANES = 32
 LIFETIME_SECONDS = 3600.0
+TURN_SECONDS = 0.002  # of messages handled back to back before the connection lets other tasks run
 ROUTE = "/v1/responses"
 
 
@@ -71,6 +82,7 @@ class ResponsesConnection:
         self._count = 0
         self._expired = False
         self._closed = False
+        self._turn_began = time.perf_counter()
 
     async def serve(self) -> None:
         await self._socket.accept(subprotocol=_subprotocol(self._socket.scope.get("subprotocols") or []),
@@ -81,7 +93,13 @@ class ResponsesConnection:
                 message = await self._socket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
-                await self._handle(message.get("text") or (message.get("bytes") or b"").decode("utf-8", "replace"))
+                try:
+                    text = frame_text(message)
+                except NotText:
+                    await self._socket.close(INVALID_UTF8, "a binary frame that is not UTF-8")
+                    break
+                await self._handle_safely(text)
+                await self._take_turns()
         except WebSocketDisconnect:
             pass
         finally:
@@ -92,24 +110,34 @@ class ResponsesConnection:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _handle(self, text: str) -> None:
+    async def _take_turns(self) -> None:
+        """Messages already received are handled without a pause of their own: past TURN_SECONDS of them, let every
+        other ready task run (a flood of small messages waits its turn; a normal client never reaches it)."""
+        now = time.perf_counter()
+        if now - self._turn_began > TURN_SECONDS:
+            await asyncio.sleep(0)
+            self._turn_began = time.perf_counter()
+
+    async def _handle_safely(self, text: str) -> None:
+        """One message handled; what goes wrong is an `error` event: nothing a client sends ends the connection."""
         try:
-            data = await _decode(text)
+            await self._handle(text)
         except APIError as exc:
             await self._error(exc)
-            return
-        kind = data.get("type")
+        except Exception:
+            logger.exception("websocket connection %s: a message failed", self._id)
+            await self._error(APIError(500, "The server had an error while processing your message.",
+                                       type="server_error"))
+
+    async def _handle(self, text: str) -> None:
+        kind, data = await read_message(text)
         if kind == "response.create":
             await self._create(data, large=len(text) >= LARGE_BODY_BYTES)
         elif kind == "response.cancel":
-            await self._cancel(data)
-        elif kind == "response.processed":
-            pass  # Codex acknowledges each response it has handled; nothing waits for it here
+            await self._cancel(data["response_id"])
         elif kind == "response.steer":
             await self._steering.steer(data)
-        else:
-            await self._error(invalid_request(f"Unknown event type {kind!r}: send `response.create`.",
-                                              param="type", code="invalid_event"))
+        # response.processed: Codex acknowledges each response it has handled; nothing waits for it here
 
     async def _create(self, data: dict[str, Any], large: bool) -> None:
         nested = data.get("response")
@@ -146,11 +174,11 @@ class ResponsesConnection:
         if self._expired and not self._tasks and not self._closed:
             asyncio.get_running_loop().create_task(self._close_expired())
 
-    async def _cancel(self, data: dict[str, Any]) -> None:
-        task = self._by_id.get(data.get("response_id"))  # type: ignore[arg-type]
+    async def _cancel(self, response_id: str) -> None:
+        task = self._by_id.get(response_id)
         if task is None or task.done():
-            await self._error(APIError(404, f"No response {data.get('response_id')!r} is running on this "
-                                       "connection.", param="response_id", code="response_not_found"))
+            await self._error(APIError(404, f"No response {quote(response_id)} is running on this connection.",
+                                       param="response_id", code="response_not_found"))
             return
         self._cancelled.add(task)
         task.cancel()
@@ -206,6 +234,8 @@ class ResponsesConnection:
             resource = run.resource()
             if resource["status"] in ("completed", "incomplete"):
                 self._turns.remember(run.id, plan, resource["output"])
+            elif resource["status"] == "failed":
+                self._turns.forget(body.get("previous_response_id"))
             return await self._steering.finished(running, resource)
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -218,6 +248,7 @@ class ResponsesConnection:
             error = from_engine(exc) if isinstance(exc, EngineError) else exc
             if record.status == 0:
                 record.status = error.status
+            self._turns.forget(body.get("previous_response_id"))
             await self._error(error, stream_id)
             if run is None or not run.finished:  # the steers' successor was never created
                 await self._steering.fail(committing, "successor_creation_failed", error.message, stream_id)
@@ -227,6 +258,7 @@ class ResponsesConnection:
                 record.status = 499
         except Exception:
             logger.exception("websocket response %s failed", request_id)
+            self._turns.forget(body.get("previous_response_id"))
             if record.status == 0:
                 record.status = 500
             await self._error(APIError(500, "The server had an error while processing your request.",
@@ -298,16 +330,8 @@ def _limit_reached() -> APIError:
                     "Create a new websocket connection to continue.", code="websocket_connection_limit_reached")
 
 
-async def _decode(text: str) -> dict[str, Any]:
-    raw = text.encode()
-    if len(raw) < LARGE_BODY_BYTES:
-        return decode_json_object(raw)
-    return await asyncio.to_thread(decode_json_object, raw, True)
-
-
 def _subprotocol(offered: list[str]) -> str | None:
-    """A browser offering subprotocols needs one echoed: any but the one that carries the key, if it can."""
-    for name in offered:
-        if not name.startswith(KEY_SUBPROTOCOL):
-            return name
-    return offered[0] if offered else None
+    """A browser offering subprotocols needs one echoed: any but the one that carries the key. The key alone
+    offered gets none (a browser then fails the connection: offer a second one, as OpenAI's Realtime clients
+    do): a secret is never written into a response header."""
+    return next((name for name in offered if not name.startswith(KEY_SUBPROTOCOL)), None)
