@@ -4,7 +4,8 @@ An engine replica keeps the KV blocks of the prompts it served, so a conversatio
 replica that served turn N prefills only what is new. We hold the exact prompt token ids we send, so the router
 remembers, per replica, the blocks of the prompts sent there (a bounded LRU, as the replica's own cache is). This
 is an approximate router: it needs nothing from the engines (no KV events), at the price of not seeing evictions a
-replica makes on its own; the LRU bound stands in for them.
+replica makes on its own; the LRU bound stands in for them. Where an engine reports its KV-cache events
+(TensorRT-LLM in process, kv_cache_events.py), `held` follows what it really stores and evicts.
 
 A prompt's prefix has two parts. What many conversations share (the system prompt, the tools) is found where
 several continuations followed the same block; the router learns those branch points from the prompts it sends.
@@ -27,6 +28,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from proxy.engines.kv_cache_events import CacheChange
 
 BLOCK_TOKENS = 64  # routing granularity; a match is counted in whole blocks
 # Tokens of a block that enter its key. Routing only needs to tell conversations apart, and a wrong match costs a
@@ -108,6 +111,9 @@ class _LRU:
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 
+    def discard(self, key: object) -> None:
+        self._keys.pop(key, None)
+
     def put(self, key: object, value: int = 0) -> None:
         self._keys[key] = value
         self._keys.move_to_end(key)
@@ -187,6 +193,21 @@ class CacheAwareRouter:
 
     def finished(self, route: Route, replica: int) -> None:
         self.in_flight[replica] -= 1
+
+    def held(self, replica: int, change: CacheChange) -> None:
+        """What the replica's engine reports it holds (its KV-cache events, kv_cache_events.py): a stored prefix
+        is remembered there; a removed block forgets every routing block that overlaps it; a clear forgets all."""
+        cached = self._cached[replica]
+        if change.kind == "cleared":
+            self._cached[replica] = _LRU(cached.capacity)
+            return
+        keys = block_keys(change.prefix, self._block_tokens)
+        if change.kind == "stored":
+            for key in reversed(keys):
+                cached.put(key)
+        else:
+            for key in keys[change.start // self._block_tokens:]:
+                cached.discard(key)
 
 
 ROUTERS = ("cache-aware", "round-robin")
