@@ -161,7 +161,6 @@ def fake_in_this_process() -> Iterator[None]:
 def test_a_remote_engine_streams_what_the_engine_streams_in_process(
     start_host: Callable[..., Any], socket_path: Path, vocab: Vocab, tmp_path: Path, fake_in_this_process: None
 ) -> None:
-    from proxy.engines.trtllm import TrtllmEngine
 
     folder = model_folder(tmp_path, [ANSWER, CALL])
     weather = FunctionTool("get_weather", "The weather.",
@@ -340,7 +339,6 @@ def test_sigterm_while_the_model_loads_ends_the_host_at_once(
 def test_engine_errors_cross_with_their_status_and_code(
     start_host: Callable[..., Any], socket_path: Path, vocab: Vocab, tmp_path: Path, fake_in_this_process: None
 ) -> None:
-    from proxy.engines.trtllm import TrtllmEngine
 
     folder = model_folder(tmp_path, [ANSWER], fail_after="5")
     start_host(folder, max_num_tokens=16)
@@ -370,7 +368,7 @@ def test_engine_errors_cross_with_their_status_and_code(
     crossed = asyncio.run(remotely())
     assert crossed == asyncio.run(in_process())
     (_, status, code, message), (received, failing, failing_code, failure) = crossed
-    assert (status, code) == (400, "context_length_exceeded") and "max_num_tokens (16)" in message
+    assert (status, code) == (400, "context_length_exceeded") and "takes at most 16" in message
     assert (received, failing, failing_code) == (5, 500, "engine_error") and "CUDA out of memory" in failure
 
 

@@ -367,7 +367,7 @@ def test_without_a_backend_constraints_are_said_not_sent(
     caplog.set_level(logging.INFO, logger="harmony_proxy")
     folder = model_folder(tmp_path, [CALL])
     server = trtllm_server(serve, vocab, folder)  # guided_decoding_backend unset: TensorRT-LLM would ignore a guide
-    assert "NOT enforced" in caplog.text and "no guided decoding backend" in caplog.text
+    assert "NOT enforced" in caplog.text and "no guided_decoding_backend" in caplog.text
     answer = message_answer(client_for(server).chat.completions.create(**REQUIRED))
     assert answer["finish_reason"] == "tool_calls"  # the prompt still asks for the call
     assert events(folder, "generate")[-1]["guided"] is None
@@ -386,9 +386,9 @@ def test_a_guide_the_backend_refuses_fails_the_request_in_the_fake(
     folder = model_folder(tmp_path, [ANSWER])
     with pytest.raises(ValueError, match="Input should be 'xgrammar' or 'llguidance'"):
         LLM(str(folder), guided_decoding_backend="outlines")
-    from tensorrt_llm.llmapi.llm_args import DecodingBaseConfig
+    from tensorrt_llm.llmapi.llm_args import EagleDecodingConfig
 
-    eagle = DecodingBaseConfig.from_dict({"decoding_type": "Eagle"})  # as trtllm-serve converts the YAML's dict
+    eagle = EagleDecodingConfig(max_draft_len=3)
     speculative = {"guided_decoding_backend": "xgrammar", "speculative_config": eagle}
     if surface == "oldest":
         with pytest.raises(ValueError, match="not supported with speculative decoding"):

@@ -180,7 +180,7 @@ def test_copied_2026_commands_start_and_deprecated_flags_are_handled_as_trtllm_s
     engine = TrtllmEngine([str(folder), "--served_model_name", "gpt-oss", "--kv_cache_dtype", "fp8",
                            "--no-telemetry"], vocab)
     if release not in ("1.3", "1.4"):
-        with pytest.raises(TrtllmServeError, match="No such option: --served_model_name") as refused:
+        with pytest.raises(TrtllmServeError, match="No such option '--served_model_name'") as refused:
             engine.prepare()
         assert refused.value.exit_code == 2  # click's usage error, as that release's trtllm-serve exits
         return

@@ -138,6 +138,8 @@ class TrtllmEngine:
         self._guided = guided_decoding(arguments.get("guided_decoding_backend"), installed_version("xgrammar"),
                                        bool(arguments.get("speculative_config")), tensorrt_llm.__version__)
         (logger.info if self._guided.field else logger.warning)("%s", self._guided.message)
+        logger.info("loading %s with TensorRT-LLM %s, as its trtllm-serve computed the arguments", arguments["model"],
+                    tensorrt_llm.__version__)
 
     def _attach(self, llm: Any) -> None:
         import tensorrt_llm

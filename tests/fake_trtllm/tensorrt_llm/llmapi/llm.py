@@ -281,8 +281,10 @@ class LLM:
 
     async def get_kv_cache_events_async(self, timeout: float | None = 2) -> Any:
         """The events recorded since the last call (llm.py: an async iterable); waits up to `timeout` for one."""
-        if not self._events and timeout:
-            await asyncio.sleep(timeout)
+        waited = 0.0
+        while not self._events and timeout and waited < timeout:
+            await asyncio.sleep(0.01)
+            waited += 0.01
         events, self._events = self._events, []
         for event in events:
             yield event
