@@ -35,15 +35,19 @@ def forget_tensorrt_llm() -> None:
         del sys.modules[name]
 
 
-@pytest.fixture(params=SURFACES, autouse=True)
-def surface(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def on_surface(name: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The fake TensorRT-LLM on the import path, mirroring one release (read when it is first imported)."""
-    monkeypatch.setenv("FAKE_TRTLLM_SURFACE", request.param)
+    monkeypatch.setenv("FAKE_TRTLLM_SURFACE", name)
     sys.path.insert(0, str(FAKE))
     forget_tensorrt_llm()
-    yield request.param
+    yield name
     sys.path.remove(str(FAKE))
     forget_tensorrt_llm()
+
+
+@pytest.fixture(params=SURFACES, autouse=True)
+def surface(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    yield from on_surface(request.param, monkeypatch)
 
 
 def model_folder(tmp_path: Path, completions: list[str], **files: str) -> Path:

@@ -8,7 +8,6 @@ rules, not the kernels.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from proxy.engines.kv_cache_events import CacheChange, follow
 from proxy.engines.routing import CacheAwareRouter
 from tests.conftest import LiveServer
 from tests.test_e2e_chat import ANSWER
-from tests.test_trtllm import ASK, FAKE, events, forget_tensorrt_llm, model_folder, trtllm_engine, trtllm_server
+from tests.test_trtllm import ASK, events, model_folder, on_surface, trtllm_engine, trtllm_server
 
 RELEASES = ("gpt-oss-dev", "1.0", "1.1", "1.2", "1.3", "1.4")
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "trtllm"
@@ -29,12 +28,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "trtllm"
 
 @pytest.fixture(params=RELEASES)
 def release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("FAKE_TRTLLM_SURFACE", request.param)
-    sys.path.insert(0, str(FAKE))
-    forget_tensorrt_llm()
-    yield request.param
-    sys.path.remove(str(FAKE))
-    forget_tensorrt_llm()
+    yield from on_surface(request.param, monkeypatch)
 
 
 def last_generate(folder: Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import yaml
 
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER
-from tests.test_trtllm import FAKE, events, forget_tensorrt_llm, model_folder
+from tests.test_trtllm import events, model_folder, on_surface
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "trtllm"
 RELEASES = ("gpt-oss-dev", "1.0", "1.1", "1.2", "1.3", "1.4")
@@ -57,12 +57,7 @@ COMMANDS: dict[str, tuple[list[str], Any]] = {  # flags after the model, and the
 
 @pytest.fixture(params=RELEASES)
 def release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("FAKE_TRTLLM_SURFACE", request.param)
-    sys.path.insert(0, str(FAKE))
-    forget_tensorrt_llm()
-    yield request.param
-    sys.path.remove(str(FAKE))
-    forget_tensorrt_llm()
+    yield from on_surface(request.param, monkeypatch)
 
 
 def command_line(folder: Path, flags: list[str], extra: Any) -> list[str]:

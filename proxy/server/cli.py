@@ -30,6 +30,7 @@ from proxy.engines.trtllm_serve import TrtllmServeError, parse_trtllm_serve
 from proxy.server.arguments import StartupError, parse_command_line
 from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
 from proxy.server.startup import (
+    TRTLLM_MAX_BATCH_SIZE,
     build_state,
     check_capacity,
     choose_store_path,
@@ -58,10 +59,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         engine_name = engine_choice(args)
         temporary = choose_store_path(args, engine_name, arguments)
         if args.workers > 1:
-            if engine_name == "trtllm" and not args.served_model_name:
-                # trtllm-serve's own parsing, once, before any process starts: its errors, and the served name
-                served = parse_trtllm_serve(trtllm_command(args)).served_model_name
-                arguments += ["--served-model-name", served]
+            if engine_name == "trtllm":
+                arguments += trtllm_worker_options(args)
             serve_workers(args, arguments, engine_name, uvicorn_options(args), run_trtllm_host)
             return
         listening = bind(args)  # before the engine starts: a port in use stops the server before anything loads
@@ -73,6 +72,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
+
+
+def trtllm_worker_options(args: argparse.Namespace) -> list[str]:
+    """What the HTTP workers need from trtllm-serve's arguments, computed once by its own parsing before any process
+    starts (its errors stop everything): the served name, and each worker's share of the engine's batch."""
+    call = parse_trtllm_serve(trtllm_command(args))
+    options = [] if args.served_model_name else ["--served-model-name", call.served_model_name]
+    if args.max_concurrent_requests is None:
+        batch = call.llm_args.get("max_batch_size") or TRTLLM_MAX_BATCH_SIZE
+        options += ["--max-concurrent-requests", str(-(-batch // args.workers))]
+    return options
 
 
 def bind(args: argparse.Namespace) -> socket.socket:
