@@ -1,8 +1,8 @@
 """The TensorRT-LLM engine, end to end on the fake TensorRT-LLM of tests/fake_trtllm (no GPU here).
 
 Every test runs on the oldest and the newest API surface the fake mirrors (tensorrt_llm/_surface.py): the
-gpt-oss-dev container (1.0.0rc6) and 2026 main (1.3); tests/test_trtllm_releases.py checks each release's
-differences on all five surfaces.
+gpt-oss-dev container (1.0.0rc6) and 2026 main (1.4); tests/test_trtllm_releases.py checks each release's
+differences on all six surfaces.
 """
 
 from __future__ import annotations

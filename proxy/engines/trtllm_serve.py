@@ -72,6 +72,7 @@ def run_trtllm_serve(argv: list[str], on_call: Callable[[ServeCall], None] = lam
 
     `on_call` sees the `launch_server` call before the LLM is built (it may adjust `llm_args`, or raise).
     """
+    import tensorrt_llm.serve as servers
     from tensorrt_llm.commands import serve as module
 
     built: list[Any] = []
@@ -107,7 +108,8 @@ def run_trtllm_serve(argv: list[str], on_call: Callable[[ServeCall], None] = lam
     for name in dir(module):
         if name.startswith("launch_") and name != "launch_server" and callable(getattr(module, name)):
             replaced[name] = _refusing(name)
-    with _replaced(module, replaced):
+    # also where the server package exports it, should a release import it inside launch_server
+    with _replaced(module, replaced), _replaced(servers, {"OpenAIServer": ServerReplaced}):
         _run_click(module.serve, [*argv, *_loopback_port()])
     if not built:
         raise TrtllmServeError("trtllm-serve built no LLM (nothing to serve)")
