@@ -1,19 +1,21 @@
 """Run the installed trtllm-serve's own start-up code, and take the LLM it builds instead of its HTTP server.
 
-The seam. In every release read (`tensorrt_llm/commands/serve.py`: the gpt-oss-dev container and 1.0 to 1.2, e.g.
-@4c05a748; 2026 main, 1.3.0rc and 1.4.0rc), the click command `serve` parses the command line, builds the LLM
-arguments (`get_llm_args`), applies the YAML (`update_llm_args_with_extra_dict`, with its precedence and merges),
-and calls the module-level `launch_server(host, port, llm_args, ...)`. That function builds the LLM for the backend
-the arguments name (`PyTorchLLM(**llm_args)`, AutoDeploy, or the TensorRT engine) and hands it to the module-level
-`OpenAIServer(llm=...)` (`generator=...` from 2026), which it runs with `asyncio.run(server(host, port, ...))`.
-Both names are looked up in the module when called, in every release. So:
+The seam. In every version read (`tensorrt_llm/commands/serve.py`: early 2025, before 1.0, ids 50627517773 and
+6225645832; late 2025, the 1.1/1.2 line, @4c05a748; 2026, 1.3.0rc, ids 4219957788 and 59682888564), the click
+command `serve` parses the command line, builds the LLM arguments (`get_llm_args`), applies the YAML
+(`update_llm_args_with_extra_dict`, with its precedence and merges), and calls the module-level
+`launch_server(host, port, llm_args, ...)`. That function builds the LLM for the backend the arguments name
+(`PyTorchLLM(**llm_args)`, AutoDeploy, or the TensorRT engine) and hands it to the module-level
+`OpenAIServer(llm=...)` (`generator=...` in the latest), which it runs with `asyncio.run(server(host, port, ...))`.
+Both names are looked up in the module when called, in every one. So:
 
 - `serve.main(argv, standalone_mode=False)` runs the release's own parsing: every flag, default, YAML key,
   precedence rule and error is that release's (a click usage error is reported as trtllm-serve reports it);
 - `launch_server` is wrapped: its own signature binds the call, so the arguments are read by name whatever the
   release passes (tool_parser, served_model_name, the disaggregated roles...), then the real one runs;
-- `OpenAIServer` is replaced by a stand-in that keeps the LLM and serves nothing: the real `launch_server`
-  returns once the LLM is built (2026 releases bind a socket first: they are given a free loopback port).
+- `OpenAIServer` is replaced (in that module, and in `tensorrt_llm.serve`, should a release import it inside
+  `launch_server`) by a stand-in that keeps the LLM and serves nothing: the real `launch_server` returns once the
+  LLM is built (2026 releases bind a socket first: they are given a free loopback port).
 
 What newer releases add around it, and how it is handled:
 - disaggregated roles (`--server_role`, `--metadata_server_config_file`, `--disagg_cluster_uri`, a YAML
