@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve the OpenAI APIs over HTTP", allow_abbrev=False,
                                 usage="%(prog)s [MODEL [trtllm-serve options]] [options]")
+    serve.set_defaults(trtllm_serve=[])  # parse_command_line: every argument that is not harmony-proxy's
     serve.add_argument("--engine", choices=ENGINES,
                        help="default: trtllm when TensorRT-LLM is installed, else mock (upstream with --upstream-url)")
     serve.add_argument("--host", default="127.0.0.1")
