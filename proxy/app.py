@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -161,5 +162,9 @@ async def _start_engine(state: ServerState, on_failure: Callable[[BaseException]
         if on_failure is not None:
             on_failure(exc)
         return
+    window = getattr(state.engine, "context_window", None)
+    if window is not None:  # what the built engine takes: advertised, and held to (proxy/options.py)
+        state.config = replace(state.config, max_model_len=min(window.total, state.config.max_model_len),
+                               max_prompt_len=min(window.prompt, state.config.max_model_len))
     state.metrics.engine_ready(state.engine.ready)
     logger.info("the %s engine is ready, serving %s", state.engine.name, state.config.served_model_name)

@@ -67,7 +67,7 @@ def codex_model_info(config: ServerConfig) -> dict[str, Any]:
         "apply_patch_tool_type": "freeform",  # a custom tool, its input held to Codex's grammar as generated
         "truncation_policy": {"mode": "tokens", "limit": 10000},
         "supports_parallel_tool_calls": True,
-        "context_window": config.max_model_len,
+        "context_window": config.prompt_limit,
         "experimental_supported_tools": [],
         "input_modalities": ["text"],
         "multi_agent_version": "v2",  # sub-agents' messages sealed and opened here (proxy/responses/agent_messages.py)

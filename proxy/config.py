@@ -14,6 +14,7 @@ class ServerConfig:
     reasoning_field: str = "reasoning"  # the field reasoning is sent in (README: the table of clients behind it)
     default_reasoning_effort: str = "medium"
     max_model_len: int = 131072  # gpt-oss context window: prompt plus output tokens
+    max_prompt_len: int | None = None  # the longest prompt the engine takes, when less (TensorRT-LLM's max_num_tokens)
     reasoning_summary_events: bool = False  # Responses: also stream reasoning as summary events
     open_responses_events: bool = False  # Responses: name raw reasoning events as the Open Responses spec does
     max_tools: int = 128  # tools one request may declare (OpenAI's limit)
@@ -32,3 +33,8 @@ class ServerConfig:
     # The secret sealed blobs (encrypted_content) are keyed from (--reasoning-key); None: a random key per start.
     reasoning_key: str | None = field(default=None, repr=False)
     ws_lifetime: float = 3600.0  # seconds a Responses WebSocket connection lasts (OpenAI's 60 minutes)
+
+    @property
+    def prompt_limit(self) -> int:
+        """The context advertised to clients (/v1/models, Codex's catalog): the longest prompt the engine takes."""
+        return self.max_prompt_len or self.max_model_len

@@ -20,7 +20,7 @@ def _model_card(state: ServerState) -> dict[str, Any]:
         "object": "model",
         "created": state.started_at,
         "owned_by": "openai",
-        "max_model_len": state.config.max_model_len,
+        "max_model_len": state.config.prompt_limit,
     }
 
 

@@ -31,7 +31,7 @@ from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint,
 from proxy.engines.remote import RemoteEngine, _Inbox
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER, CALL, client_for, message_answer
-from tests.test_trtllm import ASK, events, model_folder
+from tests.test_trtllm import ASK, events, model_folder, trtllm_engine
 from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ async def collect(steps: AsyncGenerator[Step, None]) -> list[Step]:
 def start_host_process(
     folder: Path, socket_path: Path, stderr: int | None = None, **llm: Any,
 ) -> subprocess.Popen[bytes]:
-    arguments = json.dumps({"model": str(folder), **llm})
+    arguments = json.dumps([str(folder), *(part for key, value in llm.items() for part in (f"--{key}", str(value)))])
     return subprocess.Popen([sys.executable, "-c", HOST, arguments, str(socket_path)], env=CHILD_ENV, stderr=stderr)
 
 
@@ -161,7 +161,6 @@ def fake_in_this_process() -> Iterator[None]:
 def test_a_remote_engine_streams_what_the_engine_streams_in_process(
     start_host: Callable[..., Any], socket_path: Path, vocab: Vocab, tmp_path: Path, fake_in_this_process: None
 ) -> None:
-    from proxy.engines.trtllm import TrtllmEngine
 
     folder = model_folder(tmp_path, [ANSWER, CALL])
     weather = FunctionTool("get_weather", "The weather.",
@@ -173,14 +172,14 @@ def test_a_remote_engine_streams_what_the_engine_streams_in_process(
         GenerationRequest("b", list(range(1, 80)), SamplingParams(300, stop_token_ids=STOPS)),  # 64 cached tokens
         GenerationRequest("c", [5, 6, 7], SamplingParams(4, stop_token_ids=STOPS)),  # cut off: length
     ]
-    start_host(folder, stream_interval=3)
+    start_host(folder, max_batch_size=64)
 
     async def remotely() -> list[list[Step]]:
         async with remote(socket_path) as engine:
             return [await collect(engine.generate(r)) for r in requests]
 
     async def in_process() -> list[list[Step]]:
-        engine = TrtllmEngine({"model": str(folder), "stream_interval": 3}, vocab)
+        engine = trtllm_engine(vocab, folder, stream_interval=3)
         await engine.start()
         try:
             return [await collect(engine.generate(r)) for r in requests]
@@ -340,7 +339,6 @@ def test_sigterm_while_the_model_loads_ends_the_host_at_once(
 def test_engine_errors_cross_with_their_status_and_code(
     start_host: Callable[..., Any], socket_path: Path, vocab: Vocab, tmp_path: Path, fake_in_this_process: None
 ) -> None:
-    from proxy.engines.trtllm import TrtllmEngine
 
     folder = model_folder(tmp_path, [ANSWER], fail_after="5")
     start_host(folder, max_num_tokens=16)
@@ -360,7 +358,7 @@ def test_engine_errors_cross_with_their_status_and_code(
             return await outcomes(engine)
 
     async def in_process() -> list[tuple[int, int, str | None, str]]:
-        engine = TrtllmEngine({"model": str(folder), "max_num_tokens": 16}, vocab)
+        engine = trtllm_engine(vocab, folder, "--max_num_tokens", "16")
         await engine.start()
         try:
             return await outcomes(engine)
@@ -370,7 +368,7 @@ def test_engine_errors_cross_with_their_status_and_code(
     crossed = asyncio.run(remotely())
     assert crossed == asyncio.run(in_process())
     (_, status, code, message), (received, failing, failing_code, failure) = crossed
-    assert (status, code) == (400, "context_length_exceeded") and "max_num_tokens (16)" in message
+    assert (status, code) == (400, "context_length_exceeded") and "takes at most 16" in message
     assert (received, failing, failing_code) == (5, 500, "engine_error") and "CUDA out of memory" in failure
 
 
@@ -406,7 +404,7 @@ def test_sigterm_fails_running_requests_and_shuts_the_engine_down(
     from proxy.engines.trtllm import loaded_trtllm_engine
 
     folder = model_folder(tmp_path, [LONG], step_seconds="0.01")
-    build = functools.partial(loaded_trtllm_engine, {"model": str(folder)})
+    build = functools.partial(loaded_trtllm_engine, [str(folder)])
     host = multiprocessing.get_context("spawn").Process(target=run_engine_host, args=(build, socket_path))
     host.start()  # as a supervisor would start it
 

@@ -1,8 +1,8 @@
 """The TensorRT-LLM engine, end to end on the fake TensorRT-LLM of tests/fake_trtllm (no GPU here).
 
 Every test runs on the oldest and the newest API surface the fake mirrors (tensorrt_llm/_surface.py): the
-gpt-oss-dev container (1.0.0rc6) and 2026 main (1.3); tests/test_trtllm_releases.py checks each release's
-differences on all five surfaces.
+gpt-oss-dev container (1.0.0rc6) and 2026 main (1.4); tests/test_trtllm_releases.py checks each release's
+differences on all six surfaces.
 """
 
 from __future__ import annotations
@@ -35,15 +35,19 @@ def forget_tensorrt_llm() -> None:
         del sys.modules[name]
 
 
-@pytest.fixture(params=SURFACES, autouse=True)
-def surface(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def on_surface(name: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The fake TensorRT-LLM on the import path, mirroring one release (read when it is first imported)."""
-    monkeypatch.setenv("FAKE_TRTLLM_SURFACE", request.param)
+    monkeypatch.setenv("FAKE_TRTLLM_SURFACE", name)
     sys.path.insert(0, str(FAKE))
     forget_tensorrt_llm()
-    yield request.param
+    yield name
     sys.path.remove(str(FAKE))
     forget_tensorrt_llm()
+
+
+@pytest.fixture(params=SURFACES, autouse=True)
+def surface(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    yield from on_surface(request.param, monkeypatch)
 
 
 def model_folder(tmp_path: Path, completions: list[str], **files: str) -> Path:
@@ -61,10 +65,23 @@ def events(folder: Path, kind: str | None = None) -> list[dict[str, Any]]:
     return [e for e in found if kind is None or e["event"] == kind]
 
 
-def trtllm_server(serve: Callable[..., LiveServer], vocab: Any, folder: Path, **llm: Any) -> LiveServer:
+def trtllm_engine(vocab: Any, folder: Path, *flags: str, **yaml_keys: Any) -> Any:
+    """The engine for `trtllm-serve FOLDER FLAGS --extra_llm_api_options YAML` (the YAML of `yaml_keys`)."""
+    import yaml
+
     from proxy.engines.trtllm import TrtllmEngine
 
-    server = serve(engine=TrtllmEngine({"model": str(folder), "backend": "pytorch", **llm}, vocab))
+    command = [str(folder), *flags]
+    if yaml_keys:
+        path = folder / "extra_llm_api_options.yaml"
+        path.write_text(yaml.safe_dump(yaml_keys))
+        command += ["--extra_llm_api_options", str(path)]
+    return TrtllmEngine(command, vocab)
+
+
+def trtllm_server(serve: Callable[..., LiveServer], vocab: Any, folder: Path, *flags: str, **yaml_keys: Any
+                  ) -> LiveServer:
+    server = serve(engine=trtllm_engine(vocab, folder, *flags, **yaml_keys))
     deadline = time.monotonic() + 20
     while httpx.get(server.base_url + "/health", timeout=5).status_code != 200:
         assert time.monotonic() < deadline, "the engine did not load"
@@ -107,10 +124,13 @@ def test_sampling_params_sent_to_tensorrt_llm(
     # ours, then (from 1.2) the generation config's <|endoftext|> that SamplingParams._setup adds, as for trtllm-serve
     assert sampling["stop_token_ids"] == [200002, 200012] + ([199999] if surface == "newest" else [])
     assert sampling["ignore_eos"] is False and sampling["end_id"] == 200002
-    assert generate["decoding"] == "sampling" and sampling["top_k"] == 0  # as trtllm-serve's default
+    # as trtllm-serve: top_k 0; on 1.0 greedy unless the YAML sets enable_mixed_sampler (NVIDIA's 1.0 YAML does)
+    assert generate["decoding"] == ("greedy" if surface == "oldest" else "sampling") and sampling["top_k"] == 0
     httpx.post(server.base_url + "/v1/chat/completions", json={**ASK, "ignore_eos": True, "max_tokens": 5}, timeout=30)
     ignoring = [e for e in events(folder) if e["event"] == "generate"][-1]["sampling"]
-    assert ignoring["ignore_eos"] is True and ignoring["stop_token_ids"] is None
+    # none of ours; from 1.2 the generation config's, as trtllm-serve sends them (2026 drops them with ignore_eos)
+    assert ignoring["ignore_eos"] is True
+    assert ignoring["stop_token_ids"] == ([199999, 200012] if surface == "newest" else [])
     assert (ignoring["temperature"], ignoring["top_p"], ignoring["top_k"]) == (1.0, 1.0, 0)  # trtllm-serve's
 
 
@@ -177,16 +197,14 @@ def test_prompt_too_long_for_the_engine_is_a_400(serve: Callable[..., LiveServer
         response = httpx.post(server.base_url + "/v1/chat/completions", json={**ASK, "stream": stream}, timeout=30)
         assert response.status_code == 400
         error = response.json()["error"]
-        assert error["code"] == "context_length_exceeded" and "max_num_tokens (16)" in error["message"]
+        assert error["code"] == "context_length_exceeded" and "takes at most 16" in error["message"]
 
 
 def test_health_is_503_while_the_model_loads_and_after_shutdown(
     serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path
 ) -> None:
-    from proxy.engines.trtllm import TrtllmEngine
-
     folder = model_folder(tmp_path, [ANSWER], load_seconds="1.0")
-    engine = TrtllmEngine({"model": str(folder)}, vocab)
+    engine = trtllm_engine(vocab, folder)
     server = serve(engine=engine)
     assert httpx.get(server.base_url + "/health", timeout=5).status_code == 503
     assert httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30).status_code == 503
@@ -273,29 +291,24 @@ def required_call_grammar() -> Any:
 
 
 @pytest.mark.parametrize(
-    ("backend", "tensorrt_llm", "xgrammar", "field"),
+    ("backend", "xgrammar", "field"),
     [
-        ("llguidance", "1.0.0rc6", "0.1.21", "grammar"),
-        ("llguidance", "1.3.0rc1", "0.1.25", "grammar"),
-        ("xgrammar", "1.0.0rc6", None, None),  # xgrammar not found: the release decides
-        ("xgrammar", "1.1.0rc5", "0.1.21", None),
-        ("xgrammar", "1.1.0", "0.1.25", "structural_tag"),  # the PR that passed the new form also pinned 0.1.25
-        ("xgrammar", "1.2.0rc0", None, "structural_tag"),
-        ("xgrammar", "1.3.0.dev2026010100", None, "structural_tag"),
-        (None, "1.3.0rc1", "0.1.25", None),
+        ("llguidance", "0.1.21", "grammar"),
+        ("llguidance", "0.1.25", "grammar"),
+        ("xgrammar", "0.1.21", None),  # 1.0 and 1.1.0rc: legacy structural tags only
+        ("xgrammar", "0.1.25", "structural_tag"),  # PR #7893 passed the new form and pinned 0.1.25
+        (None, "0.1.25", None),
     ],
 )
-def test_the_form_each_backend_and_release_takes(
-    backend: str | None, tensorrt_llm: str, xgrammar: str | None, field: str | None
-) -> None:
-    from proxy.engines.trtllm import guided_decoding
+def test_the_form_each_backend_and_release_takes(backend: str | None, xgrammar: str, field: str | None) -> None:
+    from proxy.engines.trtllm_harmony import guided_decoding
 
-    plan = guided_decoding(backend, tensorrt_llm, xgrammar)
+    plan = guided_decoding(backend, xgrammar)
     assert plan.field == field
     assert ("are enforced" in plan.message) == (field is not None)
     if backend == "xgrammar" and field is None:
         assert "legacy structures/triggers form" in plan.message and "llguidance" in plan.message
-    assert "speculative_config" in guided_decoding(None, tensorrt_llm, xgrammar, speculative=True).message
+    assert "speculative_config" in guided_decoding(None, xgrammar, speculative=True).message
 
 
 @pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
@@ -358,7 +371,7 @@ def test_without_a_backend_constraints_are_said_not_sent(
     caplog.set_level(logging.INFO, logger="harmony_proxy")
     folder = model_folder(tmp_path, [CALL])
     server = trtllm_server(serve, vocab, folder)  # guided_decoding_backend unset: TensorRT-LLM would ignore a guide
-    assert "NOT enforced" in caplog.text and "no guided decoding backend" in caplog.text
+    assert "NOT enforced" in caplog.text and "no guided_decoding_backend" in caplog.text
     answer = message_answer(client_for(server).chat.completions.create(**REQUIRED))
     assert answer["finish_reason"] == "tool_calls"  # the prompt still asks for the call
     assert events(folder, "generate")[-1]["guided"] is None
@@ -377,9 +390,9 @@ def test_a_guide_the_backend_refuses_fails_the_request_in_the_fake(
     folder = model_folder(tmp_path, [ANSWER])
     with pytest.raises(ValueError, match="Input should be 'xgrammar' or 'llguidance'"):
         LLM(str(folder), guided_decoding_backend="outlines")
-    from tensorrt_llm.llmapi.llm_args import DecodingBaseConfig
+    from tensorrt_llm.llmapi.llm_args import EagleDecodingConfig
 
-    eagle = DecodingBaseConfig.from_dict({"decoding_type": "Eagle"})  # as trtllm-serve converts the YAML's dict
+    eagle = EagleDecodingConfig(max_draft_len=3)
     speculative = {"guided_decoding_backend": "xgrammar", "speculative_config": eagle}
     if surface == "oldest":
         with pytest.raises(ValueError, match="not supported with speculative decoding"):

@@ -1,204 +1,129 @@
 """The TensorRT-LLM engine on each release NVIDIA's gpt-oss guides name, as trtllm-serve behaves there.
 
-The fake (tests/fake_trtllm, `_surface.py`) mirrors gpt-oss-dev, 1.0, 1.1, 1.2 and 1.3 (2026 main); each test
-runs on all five. TensorRT-LLM itself needs a GPU: these check the adapter against the real classes' rules, not
-the kernels.
+The fake trtllm-serve (tests/fake_trtllm, `_surface.py`) mirrors gpt-oss-dev, 1.0, 1.1, 1.2, 1.3.0rc19+ and 1.4;
+each test runs on all six. TensorRT-LLM itself needs a GPU: these check harmony-proxy against the real classes'
+rules, not the kernels.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
-import warnings
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from proxy.engines.trtllm_args import TrtllmFlags, llm_arguments
+from proxy.engines.base import GenerationRequest, SamplingParams
+from proxy.engines.routing import CacheAwareRouter
 from tests.conftest import LiveServer
-from tests.test_e2e_chat import ANSWER, CALL
-from tests.test_trtllm import ASK, FAKE, events, forget_tensorrt_llm, model_folder, trtllm_server
+from tests.test_e2e_chat import ANSWER
+from tests.test_trtllm import ASK, events, model_folder, on_surface, trtllm_engine, trtllm_server
 
-RELEASES = ("gpt-oss-dev", "1.0", "1.1", "1.2", "1.3")
-MIXED_SAMPLER = {"gpt-oss-dev", "1.0"}  # enable_mixed_sampler exists, and without it every request is greedy
+RELEASES = ("gpt-oss-dev", "1.0", "1.1", "1.2", "1.3", "1.4")
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "trtllm"
 
 
 @pytest.fixture(params=RELEASES)
 def release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("FAKE_TRTLLM_SURFACE", request.param)
-    sys.path.insert(0, str(FAKE))
-    forget_tensorrt_llm()
-    yield request.param
-    sys.path.remove(str(FAKE))
-    forget_tensorrt_llm()
+    yield from on_surface(request.param, monkeypatch)
 
 
 def last_generate(folder: Path) -> dict[str, Any]:
     return events(folder, "generate")[-1]
 
 
-def test_requests_that_leave_sampling_unset_are_sampled_as_by_trtllm_serve(
-    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path, release: str, caplog: pytest.LogCaptureFixture
+def test_requests_are_sampled_as_that_releases_trtllm_serve_converts_them(
+    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path, release: str
 ) -> None:
-    caplog.set_level(logging.INFO, logger="harmony_proxy")
     folder = model_folder(tmp_path, [ANSWER])
     server = trtllm_server(serve, vocab, folder)
-    assert httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30).status_code == 200
+    assert httpx.post(server.base_url + "/v1/chat/completions", json={**ASK, "seed": 7}, timeout=30).status_code == 200
     generate = last_generate(folder)
-    assert generate["decoding"] == "sampling"  # temperature alone was greedy before 1.2, and everything on 1.0
     assert {k: generate["sampling"][k] for k in ("temperature", "top_p", "top_k")} == {
-        "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        "temperature": 1.0, "top_p": 1.0, "top_k": 0}  # openai_protocol's to_sampling_params
+    # 1.0's TorchSampler argmaxes everything without enable_mixed_sampler, as under trtllm-serve (its YAML sets it)
+    assert generate["decoding"] == ("greedy" if release in ("gpt-oss-dev", "1.0") else "sampling")
+    assert generate["seed_used"] == (7 if release == "1.4" else None)  # per-request seeds from PR #17172
     httpx.post(server.base_url + "/v1/chat/completions", json={**ASK, "temperature": 0}, timeout=30)
     assert last_generate(folder)["decoding"] == "greedy"  # asked for
-    init = events(folder, "init")[0]["args"]
-    assert init.get("enable_mixed_sampler") is (True if release in MIXED_SAMPLER else None)
-    assert ("decodes every request greedily without enable_mixed_sampler" in caplog.text) == (release in MIXED_SAMPLER)
 
 
-def test_a_yaml_that_turns_the_mixed_sampler_off_is_said_to_decode_greedily(
-    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path, release: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    folder = model_folder(tmp_path, [ANSWER])
-    if release not in MIXED_SAMPLER:  # removed by PR #7294: the key stops the start, as with trtllm-serve
-        from proxy.engines.trtllm import TrtllmEngine
-
-        with pytest.raises(ValueError, match="invalid argument: enable_mixed_sampler"):
-            TrtllmEngine({"model": str(folder), "enable_mixed_sampler": False}, vocab).load()
-        return
-    server = trtllm_server(serve, vocab, folder, enable_mixed_sampler=False)
-    httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30)
-    assert last_generate(folder)["decoding"] == "greedy"  # what the user's YAML chose, and said
-    assert "EVERY request greedily" in caplog.text
-
-
-def test_ignore_eos_generates_past_call_and_endoftext(
+def test_cached_tokens_are_the_engines_own(
     serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path, release: str
-) -> None:
-    script = CALL + "<|endoftext|>more"
-    folder = model_folder(tmp_path, [script, ANSWER])
-    server = trtllm_server(serve, vocab, folder)
-    body = {"model": ASK["model"], "prompt": [1, 2, 3], "max_tokens": 500, "return_token_ids": True,
-            "ignore_eos": True}
-    choice = httpx.post(server.base_url + "/v1/completions", json=body, timeout=30).json()["choices"][0]
-    assert choice["token_ids"] == vocab.encode_harmony(script)  # from 1.2, _setup's stops would end it at <|call|>
-    assert choice["finish_reason"] == "length"
-    plain = httpx.post(server.base_url + "/v1/completions", json={**body, "ignore_eos": False}, timeout=30).json()
-    assert plain["choices"][0]["finish_reason"] == "stop"  # without ignore_eos the stops are as trtllm-serve's
-
-
-def test_a_seed_is_applied_where_the_release_can_and_said_not_to_be_elsewhere(
-    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path, release: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    folder = model_folder(tmp_path, [ANSWER])
-    server = trtllm_server(serve, vocab, folder)
-    httpx.post(server.base_url + "/v1/chat/completions", json={**ASK, "seed": 7}, timeout=30)
-    applied = release == "1.3"
-    assert last_generate(folder)["seed_used"] == (7 if applied else None)
-    assert ("seed is not applied by TensorRT-LLM" in caplog.text) != applied
-
-
-def test_cached_tokens_are_reported_from_1_2_and_said_missing_before(
-    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path, release: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = trtllm_server(serve, vocab, model_folder(tmp_path, [ANSWER]))
-    for _ in range(2):
-        usage = httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30).json()["usage"]
-    reported = release in ("1.2", "1.3")  # PR #7637 merged 2025-10-16: after 1.1 was cut
-    assert ("prompt_tokens_details" in usage) == reported
-    assert ("does not report cached prompt tokens" in caplog.text) != reported
+    usages = [httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30).json()["usage"]
+              for _ in range(2)]
+    if release in ("gpt-oss-dev", "1.0", "1.1"):  # no RequestOutput.cached_tokens before PR #7637: unknown, not 0
+        assert all("prompt_tokens_details" not in usage for usage in usages)
+    else:
+        assert 0 < usages[1]["prompt_tokens_details"]["cached_tokens"] <= usages[1]["prompt_tokens"]
 
 
-def test_a_speculative_config_dict_is_converted_as_trtllm_serve_converts_it(
-    serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path, release: str
-) -> None:
-    folder = model_folder(tmp_path, [ANSWER])
-    eagle = {"decoding_type": "Eagle", "max_draft_len": 3, "speculative_model_dir": "nvidia/gpt-oss-120b-Eagle3"}
-    server = trtllm_server(serve, vocab, folder, speculative_config=eagle)
-    assert httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=30).status_code == 200
-    assert events(folder, "init")[0]["args"]["speculative_config"].startswith("EagleDecodingConfig(max_draft_len=3")
-
-
-def test_the_engine_imports_the_stable_path(vocab: Any, tmp_path: Path, release: str) -> None:
-    from proxy.engines.trtllm import TrtllmEngine
-
-    engine = TrtllmEngine({"model": str(model_folder(tmp_path, [ANSWER]))}, vocab)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        engine._import_tensorrt_llm()
-    assert not [w for w in caught if "sampling_params" in str(w.message)]  # tensorrt_llm.sampling_params warns in 2026
-
-
-@pytest.mark.parametrize("backend", ["TRITON", "AUTO", "CUTLASS"])
-def test_moe_backends_per_release(vocab: Any, tmp_path: Path, release: str, backend: str,
-                                  caplog: pytest.LogCaptureFixture) -> None:
-    from proxy.engines.trtllm import TrtllmEngine
-
-    engine = TrtllmEngine({"model": str(model_folder(tmp_path, [ANSWER])), "moe_config": {"backend": backend}}, vocab)
-    if backend == "AUTO" and release != "1.3":
-        with pytest.raises(ValueError, match="MoeConfig"):  # AUTO is 2026's
-            engine.load()
-        return
-    engine.load()
-    said = "TRITON is deprecated" in caplog.text and "backend AUTO" in caplog.text
-    assert said == (backend == "TRITON" and release == "1.3")
-
-
-# The docs/trtllm YAML files: where each loads (the plain ones load on 1.0 too, since the engine turns on the mixed
-# sampler there; with trtllm-serve, 1.0 needs the 1.0/ files).
-FOR_1_0 = ("gpt-oss-dev", "1.0")
-YAMLS = {
-    "low_latency.yaml": RELEASES,
-    "max_throughput.yaml": RELEASES,
-    "hopper_low_latency.yaml": RELEASES,  # TRITON: said deprecated on 1.3
-    "1.0/low_latency.yaml": FOR_1_0,  # enable_mixed_sampler: removed in 1.1
-    "1.0/max_throughput.yaml": FOR_1_0,
-    "1.0/hopper_low_latency.yaml": FOR_1_0,
-    "1.3/hopper_low_latency.yaml": ("1.3",),  # AUTO: 2026's
+DOCS_YAMLS = {  # each docs YAML, and the releases it is for
+    "low_latency.yaml": ("1.1", "1.2", "1.3", "1.4"),
+    "max_throughput.yaml": ("1.1", "1.2", "1.3", "1.4"),
+    "hopper_low_latency.yaml": ("1.1", "1.2", "1.3", "1.4"),
+    "1.0/low_latency.yaml": ("gpt-oss-dev", "1.0"),
+    "1.0/max_throughput.yaml": ("gpt-oss-dev", "1.0"),
+    # 1.0/hopper_low_latency.yaml (TRITON) is for the gpt-oss-dev container, whose MoeConfig was not in the index
+    # to read; the 1.0-era class has no TRITON (id 1520735490), and the fake follows that.
+    "1.3/hopper_low_latency.yaml": ("1.3", "1.4"),
 }
 
 
-@pytest.mark.parametrize("name", sorted(YAMLS))
+@pytest.mark.parametrize(("name", "release"), [(name, release) for name, releases in DOCS_YAMLS.items()
+                                               for release in releases], indirect=["release"])
 def test_each_docs_yaml_loads_on_the_releases_it_is_for(vocab: Any, tmp_path: Path, release: str, name: str) -> None:
-    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
-
-    from proxy.engines.trtllm import TrtllmEngine
-    from proxy.engines.trtllm_args import LlmArgsError
-
-    folder = model_folder(tmp_path, [ANSWER])
-    flags = TrtllmFlags(str(folder), extra_llm_api_options=DOCS / name)
-    known = set(TorchLlmArgs.model_fields.keys())
-    if release not in YAMLS[name]:
-        with pytest.raises((LlmArgsError, ValueError), match="enable_mixed_sampler|MoeConfig"):
-            TrtllmEngine(llm_arguments(flags, known), vocab).load()
-        return
-    TrtllmEngine(llm_arguments(flags, known), vocab).load()
-    init = events(folder, "init")[0]["args"]
-    assert init.get("enable_mixed_sampler") is (True if release in FOR_1_0 else None)
-    assert init["moe_config"] == yaml.safe_load((DOCS / name).read_text())["moe_config"]
+    engine = trtllm_engine(vocab, model_folder(tmp_path, [ANSWER]), "--extra_llm_api_options", str(DOCS / name))
+    asyncio.run(engine.start())
+    assert engine.call.llm_args["guided_decoding_backend"] == "llguidance"
+    asyncio.run(engine.close())
 
 
-def test_the_fake_is_as_strict_as_each_release(release: str) -> None:
-    """What the real classes do per release, so that the tests above could fail."""
-    from tensorrt_llm import LLM
-    from tensorrt_llm.llmapi import SamplingParams
-    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+def test_the_router_follows_the_kv_cache_events_of_the_engine(vocab: Any, tmp_path: Path, release: str) -> None:
+    """Where the YAML turns the events on, a router learns what each engine stores and evicts from the engine."""
+    folder = model_folder(tmp_path, [ANSWER], cache_blocks="4")  # the engine holds 4 blocks of 32 tokens
+    events_on = {"kv_cache_config": {"enable_block_reuse": True, "event_buffer_max_size": 1024}}
+    engine = trtllm_engine(vocab, folder, **events_on)
+    conversation, other = list(range(1, 129)), list(range(1000, 1128))
 
-    fields = TorchLlmArgs.model_fields
-    assert ("enable_mixed_sampler" in fields) == (release in MIXED_SAMPLER)  # removed by PR #7294
-    assert ("custom_tokenizer" in fields) == (release == "1.3")
-    alone = SamplingParams(temperature=1.0)
-    assert alone.decoding(mixed_sampler=True) == ("sampling" if release in ("1.2", "1.3") else "greedy")
-    served = SamplingParams(temperature=1.0, top_p=1.0, top_k=0)
-    assert served.decoding(mixed_sampler=False) == ("greedy" if release in MIXED_SAMPLER else "sampling")
-    served._setup(200002, [200002, 199999, 200012])
-    assert served.stop_token_ids == ([199999, 200012] if release in ("1.2", "1.3") else None)
-    with pytest.raises(ValueError, match="LLM got invalid argument"):
-        LLM("nowhere", not_an_argument=1)
-    if release != "1.3":
-        with pytest.raises(ValueError, match="speculative_config"):
-            LLM("nowhere", speculative_config={"decoding_type": "Eagle"})
+    async def scenario() -> None:
+        await engine.start()
+        assert engine.kv_events is not None
+        router = CacheAwareRouter(2, held=[None, engine.kv_events.held])
+        following = asyncio.create_task(engine.kv_events.follow())
+        try:
+            for prompt in (conversation, other):  # the second evicts the first (4 blocks held)
+                steps = engine.generate(GenerationRequest("r", prompt, SamplingParams(2)))
+                await anext(steps)
+                await steps.aclose()
+                if prompt is conversation:
+                    await until(lambda: router.route(conversation).matched_blocks[1] == 2)  # 128 tokens: 2 blocks
+                    assert router.route(conversation).order[0] == 1
+            await until(lambda: router.route(conversation).matched_blocks[1] == 0)  # removed by the engine
+            assert router.route(other).matched_blocks[1] == 2
+            engine.kv_events.apply({"event_id": 10_000, "window_size": 131072, "data": {"type": "all_cleared"}})
+            assert router.route(other).matched_blocks[1] == 0
+        finally:
+            following.cancel()
+            await engine.close()
+
+    asyncio.run(scenario())
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10) -> None:
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the router did not follow the engine's events")
+
+
+def test_no_kv_cache_events_unless_the_arguments_turn_them_on(vocab: Any, tmp_path: Path, release: str) -> None:
+    engine = trtllm_engine(vocab, model_folder(tmp_path, [ANSWER]))
+    asyncio.run(engine.start())
+    assert engine.kv_events is None  # event_buffer_max_size is 0 by default
+    asyncio.run(engine.close())

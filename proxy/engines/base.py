@@ -50,6 +50,14 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class ContextWindow:
+    """What an engine takes, once built: prompt plus output tokens, and the longest prompt."""
+
+    total: int
+    prompt: int
+
+
+@dataclass(frozen=True)
 class OutputConstraint:
     """What the output must follow: the tool choice and tools, and a response format.
 
@@ -129,6 +137,9 @@ class Engine(Protocol):
         """Load models or connect; called once, before requests are served."""
         ...
 
+    # Optional: `context_window: ContextWindow | None`, what the engine takes once started (read after start();
+    # the server then advertises and enforces it). Engines without one are held to --max-model-len.
+
     async def close(self) -> None:
         """Release everything; called once at shutdown."""
         ...
@@ -155,6 +166,10 @@ class EngineWrapper:
 
     async def start(self) -> None:
         await self.inner.start()
+
+    @property
+    def context_window(self) -> ContextWindow | None:
+        return getattr(self.inner, "context_window", None)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -1,9 +1,11 @@
-"""The command line of `harmony-proxy serve`: every option, and the trtllm-serve flags it takes.
+"""The command line of `harmony-proxy serve`: harmony-proxy's own options, and a trtllm-serve command line.
 
-Every trtllm-serve command of NVIDIA's gpt-oss guides can be typed with `harmony-proxy serve` in its place:
-the model as the first argument, and `--tp_size`, `--ep_size`, `--extra_llm_api_options`, ... with underscores
-or dashes. Every flag of trtllm-serve serve, gpt-oss-dev to 2026 main, is taken: mapped to the same LLM argument,
-accepted with a one-line notice where it has no meaning here, or refused with the reason.
+`harmony-proxy serve MODEL [any trtllm-serve options] [harmony-proxy options]`: the options below are
+harmony-proxy's; every other argument is trtllm-serve's, handed as it is to the installed trtllm-serve's own
+`serve` command (`proxy/engines/trtllm_serve.py`), whose parsing, defaults, YAML and errors then apply. No list
+of trtllm-serve's flags is kept here. The two share `--host`, `--port` and `--log_level` (harmony-proxy's, also
+given to trtllm-serve's logger) and `--num_serve_frontends` (harmony-proxy's `--workers`: front-end processes
+sharing one engine).
 """
 
 from __future__ import annotations
@@ -15,10 +17,7 @@ from pathlib import Path
 
 from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
 from proxy.engines.routing import ROUTERS
-from proxy.engines.trtllm_args import (
-    FLAG_ARGUMENTS,
-    GUIDED_DECODING_BACKENDS,
-)
+from proxy.engines.trtllm import GUIDED_DECODING_BACKENDS
 from proxy.engines.upstream import FLAVORS
 from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
 from proxy.responses.sealing import KEY_ENV
@@ -29,30 +28,6 @@ ENGINES = ("mock", "scripted", "trtllm", "upstream")
 DEFAULT_MODEL = "openai/gpt-oss-20b"
 DEFAULT_CONTEXT = 131072
 DEFAULT_CONCURRENCY = 1024  # streams one process serves with fair first-token times (benchmarks/load_bench.py)
-# trtllm-serve flags that mean nothing here: accepted, each with a one-line notice.
-TRTLLM_IGNORED = {
-    "num_postprocess_workers": "harmony-proxy detokenizes nothing (the engine returns token ids and the Harmony "
-                               "parser reads them in the server); --workers sets the HTTP processes",
-    "reasoning_parser": "gpt-oss's reasoning is parsed by harmony-proxy's own Harmony parser",
-    "tool_parser": "gpt-oss's tool calls are parsed by harmony-proxy's own Harmony parser",
-    "chat_template": "prompts are rendered by openai-harmony, as trtllm-serve renders gpt-oss's",
-    "media_io_kwargs": "gpt-oss takes text only",
-}
-# trtllm-serve flags of what harmony-proxy does not do: refused, with the reason.
-TRTLLM_REFUSED = {
-    "metadata_server_config_file": "disaggregated serving is not run in process: put harmony-proxy --engine upstream "
-                                   "in front of trtllm-serve's disaggregated deployment",
-    "server_role": "disaggregated serving is not run in process: put harmony-proxy --engine upstream in front of "
-                   "trtllm-serve's disaggregated deployment",
-    "disagg_cluster_uri": "disaggregated serving is not run in process: put harmony-proxy --engine upstream in front "
-                          "of trtllm-serve's disaggregated deployment",
-    "custom_module_dirs": "harmony-proxy serves gpt-oss, whose model TensorRT-LLM has built in; custom model "
-                          "modules are not loaded",
-}
-TRTLLM_ONLY = ("model", "model_argument", *(flag for flag in FLAG_ARGUMENTS if flag != "max_seq_len"),
-               "kv_cache_free_gpu_memory_fraction",
-               "extra_llm_api_options", "guided_decoding_backend", "settings", *TRTLLM_IGNORED)
-
 
 def _version() -> str:
     try:
@@ -92,23 +67,26 @@ SECRET_OPTIONS = frozenset({"api_key", "upstream_api_key", "reasoning_key", "sto
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="harmony-proxy", description="OpenAI-compatible server for gpt-oss.")
+    parser = argparse.ArgumentParser(prog="harmony-proxy", description="OpenAI-compatible server for gpt-oss.",
+                                     allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve the OpenAI APIs over HTTP", formatter_class=HelpFormatter)
-    serve.add_argument("model_argument", nargs="?", metavar="MODEL", help="model for --engine trtllm (as trtllm-serve)")
+    serve = commands.add_parser("serve", help="serve the OpenAI APIs over HTTP", allow_abbrev=False,
+                                usage="%(prog)s [MODEL [trtllm-serve options]] [options]",
+                                formatter_class=HelpFormatter)
+    serve.set_defaults(trtllm_serve=[])  # parse_command_line: every argument that is not harmony-proxy's
     serve.add_argument("--engine", choices=ENGINES,
                        help="default: trtllm when TensorRT-LLM is installed, else mock (upstream with --upstream-url)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on")
     serve.add_argument("--served-model-name",
-                       help=f"the model name clients send (default: the model, or {DEFAULT_MODEL})")
+                       help=f"the model name clients send (default: trtllm-serve's, or {DEFAULT_MODEL})")
     serve.add_argument("--reasoning-field", choices=REASONING_FIELDS, default=ServerConfig.reasoning_field,
                        help="Chat Completions: the field reasoning is sent in (both: the same text in each)")
     serve.add_argument("--default-reasoning-effort", choices=EFFORTS, default=ServerConfig.default_reasoning_effort,
                        help="reasoning effort when a request gives none")
     serve.add_argument("--max-model-len", type=int,
-                       help=f"context window, prompt plus output (default: --max_seq_len, else {DEFAULT_CONTEXT})")
+                       help=f"context window, prompt plus output (default: the engine's, else {DEFAULT_CONTEXT})")
     serve.add_argument("--api-key", default=os.environ.get("HARMONY_PROXY_API_KEY"),
                        help="require `Authorization: Bearer KEY` on every route but /health, /ready and the playground "
                             "page (/metrics too, unless --metrics-public; or set HARMONY_PROXY_API_KEY)")
@@ -210,56 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     playback.add_argument("--tokens-per-step", type=int, default=1,
                           help="tokens per engine step (TensorRT-LLM's stream_interval); default 1")
 
-    trtllm = serve.add_argument_group("trtllm engine (flags as trtllm-serve; dashes or underscores)")
-    trtllm.add_argument("--model", help="Hugging Face id or local path (or give it as the first argument)")
-    trtllm.add_argument("--backend", default="pytorch", choices=("pytorch",), help="TensorRT-LLM's backend")
-    for names, kind, help_text in (
-        (("tokenizer",), str, None),
-        (("custom_tokenizer",), str, None),
-        (("tp_size", "tensor_parallel_size"), int, "tensor parallel size"),
-        (("pp_size", "pipeline_parallel_size"), int, "pipeline parallel size"),
-        (("cp_size", "context_parallel_size"), int, "context parallel size"),
-        (("ep_size", "moe_expert_parallel_size"), int, "MoE expert parallel size"),
-        (("cluster_size", "moe_cluster_parallel_size"), int, "MoE cluster parallel size"),
-        (("gpus_per_node",), int, None),
-        (("max_beam_width",), int, None),
-        (("max_batch_size",), int, None),
-        (("max_num_tokens",), int, ("tokens one engine step takes (trtllm-serve's default 8192): without "
-                                    "--enable_chunked_prefill, also the longest prompt")),
-        (("max_seq_len",), int, "prompt plus output (default: the model's, 131072 for gpt-oss)"),
-        (("kv_cache_free_gpu_memory_fraction", "free_gpu_memory_fraction"), float, None),
-        (("revision", "hf_revision"), str, None),
-        (("otlp_traces_endpoint",), str, None),
-        (("num_postprocess_workers",), int, "accepted, no meaning here (a notice says why)"),
-        (("reasoning_parser",), str, "accepted, no meaning here: the Harmony parser is ours"),
-        (("tool_parser",), str, "accepted, no meaning here: the Harmony parser is ours"),
-        (("chat_template",), str, "accepted, no meaning here: openai-harmony renders prompts"),
-        (("media_io_kwargs",), str, "accepted, no meaning here: gpt-oss takes text only"),
-        (("metadata_server_config_file",), str, "refused: disaggregated serving"),
-        (("server_role",), str, "refused: disaggregated serving"),
-        (("disagg_cluster_uri",), str, "refused: disaggregated serving"),
-        (("custom_module_dirs",), str, "refused: custom model modules"),
-    ):
-        trtllm.add_argument(*_spellings(*names), dest=names[0], type=kind, help=help_text or "as trtllm-serve")
-    for name, help_text in (
-        ("trust_remote_code", None),
-        ("enable_chunked_prefill", ("take prompts longer than --max_num_tokens, in chunks (off by default, as "
-                                    "trtllm-serve)")),
-        ("enable_attention_dp", None),
-        ("fail_fast_on_attention_window_too_large", None),
-    ):
-        trtllm.add_argument(*_spellings(name), dest=name, action="store_true", help=help_text or "as trtllm-serve")
-    trtllm.add_argument("--extra_llm_api_options", "--extra-llm-api-options", "--config", dest="extra_llm_api_options",
-                        type=Path, help="YAML of further tensorrt_llm.LLM arguments; it overrides the flags, as "
-                                        "trtllm-serve's does")
-    trtllm.add_argument("--set", dest="settings", action="append", default=[], metavar="PATH=VALUE",
-                        help="one LLM argument, after the YAML (repeatable), e.g. kv_cache_config.enable_block_reuse="
-                             "false")
+    trtllm = serve.add_argument_group("trtllm engine (every other argument is trtllm-serve's)")
     trtllm.add_argument("--guided-decoding-backend", "--guided_decoding_backend", dest="guided_decoding_backend",
                         choices=GUIDED_DECODING_BACKENDS,
-                        help="the grammar backend that enforces tool_choice and response_format (LLM argument "
-                             "guided_decoding_backend); default auto: the YAML's, else llguidance; none: only "
-                             "described in the prompt")
+                        help="replace the LLM argument guided_decoding_backend that trtllm-serve computed (none: "
+                             "remove it); default: as trtllm-serve, the YAML's, else unset (tool_choice and "
+                             "response_format then only described in the prompt)")
 
     upstream = serve.add_argument_group("upstream engine")
     upstream.add_argument("--upstream-url", action="append", default=[],
@@ -290,7 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _spellings(*names: str) -> list[str]:
-    """trtllm-serve's underscore spelling of each name, and the dashed one."""
-    spellings = (spelling for name in names for spelling in (f"--{name}", f"--{name.replace('_', '-')}"))
-    return list(dict.fromkeys(spellings))  # a name without "_" has one spelling
+def parse_command_line(argv: list[str] | None) -> argparse.Namespace:
+    """harmony-proxy's options; the remaining arguments, in their order, as `trtllm_serve` (trtllm-serve's)."""
+    args, rest = build_parser().parse_known_args(argv)
+    args.trtllm_serve = rest
+    if rest and args.command != "serve":
+        build_parser().error(f"unrecognized arguments: {' '.join(rest)}")
+    return args

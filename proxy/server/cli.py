@@ -26,18 +26,16 @@ from starlette.applications import Starlette
 from parsers.vocab import VocabError
 from proxy.app import create_app
 from proxy.engines.scripted import ScriptError
-from proxy.engines.trtllm_args import (
-    LlmArgsError,
-)
-from proxy.server.arguments import StartupError, build_parser
+from proxy.engines.trtllm_serve import TrtllmServeError, parse_trtllm_serve
+from proxy.server.arguments import StartupError, parse_command_line
 from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
 from proxy.server.startup import (
+    TRTLLM_MAX_BATCH_SIZE,
     build_state,
     check_capacity,
     choose_store_path,
     engine_choice,
-    trtllm_arguments,
-    trtllm_flag_notices,
+    trtllm_command,
 )
 from proxy.server.workers import ARGV_ENV, ENGINE_SOCKET_ENV, serve_workers
 from proxy.state import ServerState
@@ -48,7 +46,7 @@ logger = logging.getLogger("harmony_proxy")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(argv)
     configure_logging(args.log_level, args.log_format)
     raise_descriptor_limit()  # --workers processes inherit it
     loop, http = runtime()
@@ -60,19 +58,31 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_capacity(args)
         engine_name = engine_choice(args)
         temporary = choose_store_path(args, engine_name, arguments)
-        trtllm_flag_notices(args)
         if args.workers > 1:
+            if engine_name == "trtllm":
+                arguments += trtllm_worker_options(args)
             serve_workers(args, arguments, engine_name, uvicorn_options(args), run_trtllm_host)
             return
         listening = bind(args)  # before the engine starts: a port in use stops the server before anything loads
         state = build_state(args, engine_name)
         run_server(args, state, listening)
-    except (StartupError, VocabError, ScriptError, LlmArgsError) as exc:
+    except (StartupError, VocabError, ScriptError, TrtllmServeError) as exc:
         print(f"harmony-proxy: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(getattr(exc, "exit_code", 2)) from None
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
+
+
+def trtllm_worker_options(args: argparse.Namespace) -> list[str]:
+    """What the HTTP workers need from trtllm-serve's arguments, computed once by its own parsing before any process
+    starts (its errors stop everything): the served name, and each worker's share of the engine's batch."""
+    call = parse_trtllm_serve(trtllm_command(args))
+    options = [] if args.served_model_name else ["--served-model-name", call.served_model_name]
+    if args.max_concurrent_requests is None:
+        batch = call.llm_args.get("max_batch_size") or TRTLLM_MAX_BATCH_SIZE
+        options += ["--max-concurrent-requests", str(-(-batch // args.workers))]
+    return options
 
 
 def bind(args: argparse.Namespace) -> socket.socket:
@@ -98,7 +108,7 @@ def run_server(args: argparse.Namespace, state: ServerState, listening: socket.s
 
 def worker_app() -> Starlette:
     """The application of one `--workers` process (uvicorn calls this factory in each, `proxy/server/workers.py`)."""
-    args = build_parser().parse_args(json.loads(os.environ[ARGV_ENV]))
+    args = parse_command_line(json.loads(os.environ[ARGV_ENV]))
     configure_logging(args.log_level, args.log_format)
     engine_name = engine_choice(args)
     engine = None
@@ -116,10 +126,10 @@ def run_trtllm_host(argv: list[str], socket_path: str) -> None:
     from proxy.engines.host import run_engine_host
     from proxy.engines.trtllm import loaded_trtllm_engine
 
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(argv)
     configure_logging(args.log_level, args.log_format)
-    arguments = trtllm_arguments(args)
-    run_engine_host(functools.partial(loaded_trtllm_engine, arguments), socket_path, args.log_level)
+    build = functools.partial(loaded_trtllm_engine, trtllm_command(args), args.guided_decoding_backend)
+    run_engine_host(build, socket_path, args.log_level)
 
 
 def freeze_startup_objects() -> None:

@@ -24,20 +24,11 @@ from proxy.config import ServerConfig
 from proxy.engines.base import Engine
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import read_script, scripted_engine
-from proxy.engines.trtllm_args import (
-    FLAG_ARGUMENTS,
-    TrtllmFlags,
-    engine_context,
-    llm_arguments,
-)
 from proxy.responses.sealing import KEY_ENV, MIN_SECRET_CHARS
 from proxy.server.arguments import (
     DEFAULT_CONCURRENCY,
     DEFAULT_CONTEXT,
     DEFAULT_MODEL,
-    TRTLLM_IGNORED,
-    TRTLLM_ONLY,
-    TRTLLM_REFUSED,
     StartupError,
     default_store_path,
 )
@@ -87,10 +78,9 @@ def _without_password(url: str) -> str:
 def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | None = None) -> ServerState:
     """Everything a server process needs; `engine` replaces the one the options name (a worker's remote engine)."""
     vocab = load_vocab()
-    llm_args = trtllm_arguments(args) if engine_name == "trtllm" else None  # once: it says what it decided
-    config = server_config(args, engine_name, llm_args)
     if engine is None:
-        engine = _build_engine(engine_name, args, vocab, config, llm_args)
+        engine = _build_engine(engine_name, args, vocab)
+    config = server_config(args, engine_name, getattr(engine, "served_model_name", None))
     metrics = Metrics(config.served_model_name, engine.name, config.max_model_len)
     try:
         tracer = tracer_from_environment()
@@ -100,7 +90,8 @@ def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | Non
     if tracer is not None:
         engine = TracedEngine(engine)  # inside admission: the engine span starts once the request is admitted
         on_store_operation = traced_store_operations(on_store_operation)
-    engine = AdmittedEngine(engine, admission_queue(args, engine_name, metrics, llm_args))
+    batch = getattr(engine, "call", None) and engine.call.llm_args.get("max_batch_size")
+    engine = AdmittedEngine(engine, admission_queue(args, engine_name, metrics, batch))
     return ServerState(config, vocab, engine, open_store(args, on_store_operation), metrics, tracer)
 
 
@@ -124,7 +115,7 @@ def open_store(args: argparse.Namespace, on_operation: OnOperation) -> ResponseS
 
 
 def admission_queue(
-    args: argparse.Namespace, engine_name: str, metrics: Metrics | None = None, llm_args: dict[str, Any] | None = None
+    args: argparse.Namespace, engine_name: str, metrics: Metrics | None = None, max_batch_size: int | None = None
 ) -> AdmissionQueue:
     """The admission limits of one server process (with no limit, the queue still counts running requests)."""
     on_change = metrics.admission_changed if metrics is not None else None
@@ -132,8 +123,7 @@ def admission_queue(
     if limit is None:
         if engine_name == "trtllm":
             # One engine serves every worker: its batch is shared among them.
-            batch = (llm_args or trtllm_arguments(args)).get("max_batch_size") or TRTLLM_MAX_BATCH_SIZE
-            limit = -(-batch // args.workers)
+            limit = -(-(max_batch_size or TRTLLM_MAX_BATCH_SIZE) // args.workers)
         else:
             limit = DEFAULT_CONCURRENCY
     if limit == 0:
@@ -158,18 +148,8 @@ def check_capacity(args: argparse.Namespace) -> None:
         _at_least("--" + flag.replace("_", "-"), getattr(args, flag), 0.001)
 
 
-def trtllm_flag_notices(args: argparse.Namespace) -> None:
-    """A notice for each trtllm-serve flag given that means nothing here; an error for one refused."""
-    for flag, reason in TRTLLM_REFUSED.items():
-        if getattr(args, flag) is not None:
-            raise StartupError(f"--{flag} is not supported: {reason}")
-    for flag, reason in TRTLLM_IGNORED.items():
-        if getattr(args, flag) is not None:
-            logger.info("--%s %s accepted and ignored: %s", flag, getattr(args, flag), reason)
-
-
 def engine_choice(args: argparse.Namespace) -> str:
-    model = args.model or args.model_argument
+    model = args.trtllm_serve[0] if args.trtllm_serve else None
     if args.engine:
         name = args.engine
     elif args.upstream_url:
@@ -178,8 +158,9 @@ def engine_choice(args: argparse.Namespace) -> str:
         name = "trtllm"
     else:
         if model:
-            raise StartupError(f"model {model} needs TensorRT-LLM, which is not installed here: install "
-                               "harmony-proxy[trtllm] on a CUDA machine, or pass --engine mock")
+            raise StartupError(f"{' '.join(args.trtllm_serve)}: a trtllm-serve command line needs TensorRT-LLM, "
+                               "which is not installed here: install harmony-proxy[trtllm] on a CUDA machine, or "
+                               "pass --engine mock")
         logger.info("no --engine given and TensorRT-LLM is not installed: serving the built-in MOCK engine "
                     "(no model weights; answers are placeholders)")
         return "mock"
@@ -214,14 +195,13 @@ def _tool_servers(urls: Sequence[str]) -> tuple[str, ...]:
         raise StartupError(f"--tool-server: {exc}") from None
 
 
-def server_config(args: argparse.Namespace, engine_name: str, llm_args: dict[str, Any] | None = None) -> ServerConfig:
-    model = args.model or args.model_argument
-    served = args.served_model_name or (model if engine_name == "trtllm" and model else DEFAULT_MODEL)
+def server_config(args: argparse.Namespace, engine_name: str, engine_model: str | None = None) -> ServerConfig:
+    """The settings; `engine_model` is the name the engine serves under (trtllm-serve's), when it has one."""
     return ServerConfig(
-        served_model_name=served,
+        served_model_name=args.served_model_name or engine_model or DEFAULT_MODEL,
         reasoning_field=args.reasoning_field,
         default_reasoning_effort=args.default_reasoning_effort,
-        max_model_len=_context(args, engine_name, llm_args),
+        max_model_len=args.max_model_len or DEFAULT_CONTEXT,  # the engine's, once started, where less
         api_key=args.api_key,
         metrics_public=args.metrics_public,
         allowed_hosts=allowed_hosts(args.host, _listed(args.allowed_hosts)),
@@ -246,31 +226,15 @@ def _reasoning_key(secret: str | None) -> str | None:
     return secret
 
 
-def _context(args: argparse.Namespace, engine_name: str, llm_args: dict[str, Any] | None) -> int:
-    """The context the server advertises: --max-model-len, else what the engine will take (said at start-up)."""
-    if engine_name != "trtllm":
-        return args.max_model_len or args.max_seq_len or DEFAULT_CONTEXT
-    context, longest_prompt = engine_context(llm_args if llm_args is not None else trtllm_arguments(args))
-    chunked = ("chunked prefill on" if longest_prompt == context else
-               "chunked prefill off: --enable_chunked_prefill takes prompts up to the context")
-    logger.info("context %d tokens, prompt plus output (max_seq_len); prompts up to %d tokens (%s)", context,
-                longest_prompt, chunked)
-    if args.max_model_len and args.max_model_len > context:
-        logger.warning("--max-model-len %d is more than the engine's max_seq_len %d: longer requests get a 400 from "
-                       "TensorRT-LLM", args.max_model_len, context)
-    return args.max_model_len or context
-
-
-def _build_engine(
-    name: str, args: argparse.Namespace, vocab: Vocab, config: ServerConfig, llm_args: dict[str, Any] | None = None
-) -> Engine:
+def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
     if args.script is not None and name != "scripted":
         raise StartupError("--script is only used with --engine scripted")
     if args.upstream_url and name != "upstream":
         raise StartupError("--upstream-url is only used with --engine upstream")
-    trtllm_flags = [flag for flag in TRTLLM_ONLY if getattr(args, flag) not in (None, False, [])]
-    if trtllm_flags and name != "trtllm":
-        raise StartupError(f"--{trtllm_flags[0]} is only used with --engine trtllm")
+    if name != "trtllm" and (args.trtllm_serve or args.guided_decoding_backend):
+        unknown = " ".join(args.trtllm_serve) or "--guided-decoding-backend"
+        raise StartupError(f"unrecognized arguments: {unknown} (not harmony-proxy's; a trtllm-serve command line "
+                           "is only taken with --engine trtllm)")
     delay = args.token_delay_ms / 1000
     if name == "scripted":
         if args.script is None:
@@ -283,30 +247,21 @@ def _build_engine(
 
         if not args.upstream_url:
             raise StartupError("--engine upstream needs --upstream-url http://host:port/v1 (repeatable)")
-        return UpstreamEngine(vocab, args.upstream_url, args.upstream_model or config.served_model_name,
+        model = args.upstream_model or args.served_model_name or DEFAULT_MODEL
+        return UpstreamEngine(vocab, args.upstream_url, model,
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
                               args.upstream_read_timeout, args.upstream_guided_decoding, args.upstream_routing,
                               kv_events=args.upstream_kv_events == "auto")
     from proxy.engines.trtllm import TrtllmEngine
 
-    return TrtllmEngine(llm_args if llm_args is not None else trtllm_arguments(args), vocab)
+    engine = TrtllmEngine(trtllm_command(args), vocab, args.guided_decoding_backend)
+    engine.prepare()  # trtllm-serve's own parsing, now: its errors stop the server before anything is served
+    return engine
 
 
-def trtllm_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """`tensorrt_llm.LLM` keyword arguments from trtllm-serve's flags and YAML, checked against the installed
-    TensorRT-LLM."""
+def trtllm_command(args: argparse.Namespace) -> list[str]:
+    """The trtllm-serve command line harmony-proxy was given, with its log level."""
     if importlib.util.find_spec("tensorrt_llm") is None:
         raise StartupError("--engine trtllm needs TensorRT-LLM: pip install 'harmony-proxy[trtllm]' on a CUDA "
                            "machine, or run inside NVIDIA's TensorRT-LLM container")
-    from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
-
-    flags = TrtllmFlags(
-        model=args.model or args.model_argument or DEFAULT_MODEL,
-        backend=args.backend,
-        extra_llm_api_options=args.extra_llm_api_options,
-        guided_decoding_backend=args.guided_decoding_backend,
-        kv_cache_free_gpu_memory_fraction=args.kv_cache_free_gpu_memory_fraction,
-        flags={dest: getattr(args, dest) for dest in FLAG_ARGUMENTS},
-        settings=list(args.settings),
-    )
-    return llm_arguments(flags, set(TorchLlmArgs.model_fields.keys()) | {"backend"})
+    return [*args.trtllm_serve, "--log_level", args.log_level]

@@ -1,6 +1,12 @@
 from tensorrt_llm.executor.params.sampling import GuidedDecodingParams, SamplingParams
 from tensorrt_llm.llmapi.llm import LLM, CompletionOutput, RequestOutput
-from tensorrt_llm.llmapi.llm_args import CapacitySchedulerPolicy, DynamicBatchConfig, SchedulerConfig
+from tensorrt_llm.llmapi.llm_args import (
+    BuildConfig,
+    CapacitySchedulerPolicy,
+    DynamicBatchConfig,
+    KvCacheConfig,
+    SchedulerConfig,
+)
 
-__all__ = ["LLM", "CapacitySchedulerPolicy", "CompletionOutput", "DynamicBatchConfig", "GuidedDecodingParams",
-           "RequestOutput", "SamplingParams", "SchedulerConfig"]
+__all__ = ["LLM", "BuildConfig", "CapacitySchedulerPolicy", "CompletionOutput", "DynamicBatchConfig",
+           "GuidedDecodingParams", "KvCacheConfig", "RequestOutput", "SamplingParams", "SchedulerConfig"]

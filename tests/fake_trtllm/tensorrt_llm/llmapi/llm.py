@@ -20,8 +20,11 @@
   eos ids, `<|endoftext|>` and `<|call|>`, to the stop tokens) and records which sampler the release's TorchSampler
   runs for the request (`decoding`: greedy or sampling; 1.0 argmaxes everything without `enable_mixed_sampler`) and
   whether the request's seed reaches it (`seed_used`, from PR #17172).
-- Arguments are checked per release (llm_args.py): the field set, a `speculative_config` dict (refused before
-  2026: trtllm-serve converts it with `DecodingBaseConfig.from_dict`), `scheduler_config`, MoE backends.
+- Arguments are validated by the release's strict `TorchLlmArgs` (llm_args.py); `LLM.args` holds the result, with
+  `max_seq_len` deduced from the model (131072 for gpt-oss) when unset.
+- KV-cache events (`get_kv_cache_events_async`) when `kv_cache_config.event_buffer_max_size` > 0 and
+  `enable_block_reuse`: `stored` for each new 32-token block of a prompt, `removed` past `cache_blocks` (a file in
+  the model folder) blocks, least recently used first.
 - `abort()` ends the request with `cancelled`. Prompt prefixes are cached in 32-token blocks.
 - A per-request executor error is raised as `RequestError` from the iteration (a `fail_after` file in the
   model folder makes each request fail after that many tokens).
@@ -30,25 +33,20 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Self
 
-from tensorrt_llm._surface import SURFACE
+from tensorrt_llm._surface import SURFACE, plain
 from tensorrt_llm._torch.pyexecutor.grammar_matcher import FACTORIES
 from tensorrt_llm.executor import RequestError
 from tensorrt_llm.executor.params.sampling import SamplingParams
-from tensorrt_llm.llmapi.llm_args import (
-    NESTED,
-    TorchLlmArgs,
-    check_guided_decoding,
-    check_nested,
-    check_scheduler,
-    check_speculative,
-)
+from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 
 TOKENS_PER_BLOCK = 32
 GENERATION_CONFIG_EOS = [200002, 199999, 200012]  # gpt-oss generation_config.json eos_token_id
@@ -132,7 +130,9 @@ class RequestOutput:
             except (ValueError, KeyError, TypeError) as exc:
                 self._queue.put_nowait(([], "error", f"Guided decoding failed: {type(exc).__name__}: {exc}"))
                 return
-        stops = set(params.stop_token_ids or ())
+        # 2026 base_worker (id 55301320707 off. 26355): ignore_eos drops every stop word
+        drop = params.ignore_eos and SURFACE.ignore_eos_drops_stop_words
+        stops = set() if drop else set(params.stop_token_ids or ())
         end_id = None if params.ignore_eos else params.end_id
         step: list[int] = []
         for done, token in enumerate(script):  # `done` tokens generated before this one
@@ -162,47 +162,51 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(self, model: str | Path, tokenizer: Any = None, tokenizer_mode: str = "auto",
-                 skip_tokenizer_init: bool = False, trust_remote_code: bool = False, tensor_parallel_size: int = 1,
-                 dtype: str = "auto", revision: str | None = None, tokenizer_revision: str | None = None,
-                 **kwargs: Any) -> None:
-        for key in kwargs:
-            if key not in TorchLlmArgs.model_fields:
+    def __init__(self, model: str | Path, **kwargs: Any) -> None:
+        for key in kwargs:  # llm.py (id 55216765702 off. ~9000): model_fields | {"_mpi_session", "backend"}
+            if key not in TorchLlmArgs.model_fields and key not in ("backend", "_mpi_session"):
                 raise ValueError(f"LLM got invalid argument: {key}")
-        for name in NESTED:
-            check_nested(name, kwargs.get(name))
-        check_scheduler(kwargs.get("scheduler_config"))
-        check_speculative(kwargs.get("speculative_config"))
-        self.mixed_sampler = bool(kwargs.get("enable_mixed_sampler"))
-        backend = check_guided_decoding(kwargs)
+        self.args = TorchLlmArgs(model=str(model), **{k: v for k, v in kwargs.items()
+                                                      if k not in ("backend", "_mpi_session")})
+        if self.args.max_seq_len is None:
+            self.args.max_seq_len = 131072  # gpt-oss: max_position_embeddings
+        backend = self.args.guided_decoding_backend
+        if backend and self.args.speculative_config is not None and not SURFACE.guided_with_speculation:
+            raise ValueError("Guided decoding is not supported with speculative decoding.")
+        self.mixed_sampler = bool(getattr(self.args, "enable_mixed_sampler", False))
         self._folder = Path(model)
         script = self._folder / "script.jsonl"
         if not script.is_file():
             raise ValueError(f"cannot load model {model}: no weights (script.jsonl) found")
-        from parsers.vocab import load_vocab  # the fake's tokenizer: the real o200k_harmony vocabulary
+        from fake_tokenizer import harmony_vocab
 
-        vocab = load_vocab()
+        vocab = harmony_vocab()
         self._scripts = [vocab.encode_harmony(json.loads(line)["completion"])
                          for line in script.read_text().splitlines() if line.strip()]
         self.end_id = vocab.special.return_  # the gpt-oss tokenizer's eos_token_id
         self.guided_decoder = FACTORIES[backend](vocab) if backend else None
-        self.args = {"model": str(model), "tokenizer": tokenizer, "trust_remote_code": trust_remote_code,
-                     "tensor_parallel_size": tensor_parallel_size, "revision": revision, **kwargs}
-        self.stream_interval = int(kwargs.get("stream_interval") or 1)
-        self.max_num_tokens = int(kwargs.get("max_num_tokens") or 8192)
-        self.max_seq_len = int(kwargs.get("max_seq_len") or 131072)  # gpt-oss: max_position_embeddings
-        self.chunked_prefill = bool(kwargs.get("enable_chunked_prefill"))
+        self.stream_interval = self.args.stream_interval
+        self.max_num_tokens = int(self.args.max_num_tokens or 8192)
+        self.max_seq_len = int(self.args.max_seq_len)
+        self.chunked_prefill = self.args.enable_chunked_prefill
         self.step_seconds = float(_read(self._folder / "step_seconds", "0"))
         self.fail_after = int(_read(self._folder / "fail_after", "-1"))
         time.sleep(float(_read(self._folder / "load_seconds", "0")))  # loading weights takes a while
-        self._block_reuse = (kwargs.get("kv_cache_config") or {}).get("enable_block_reuse", True)
+        kv = self.args.kv_cache_config
+        self._block_reuse = kv.enable_block_reuse
+        self._events_on = kv.event_buffer_max_size > 0 and kv.enable_block_reuse
+        self._blocks: OrderedDict[int, None] = OrderedDict()  # block hashes held, least recently used first
+        self._capacity = int(_read(self._folder / "cache_blocks", "1000000"))
+        self._events: list[dict[str, Any]] = []
+        self._event_ids = itertools.count()  # one sequence for the LLM's life, as the executor numbers them
         self._seen_prompts: list[list[int]] = []
         self._next_script = 0
         self._next_id = 0
         self._shut_down = False
         # TensorRT-LLM's MPI start-up and signal handling assume the main thread: record where the LLM was built.
-        self._record("init", args=self.args, main_thread=threading.current_thread() is threading.main_thread(),
-                     pid=os.getpid(), surface=SURFACE.name)
+        self._record("init", args=plain({"model": str(model), **kwargs}), instance=id(self),
+                     main_thread=threading.current_thread() is threading.main_thread(), pid=os.getpid(),
+                     surface=SURFACE.name)
 
     def generate_async(self, inputs: Any, sampling_params: SamplingParams | None = None, lora_request: Any = None,
                        prompt_adapter_request: Any = None, streaming: bool = False,
@@ -230,7 +234,7 @@ class LLM:
         sampling = {name: getattr(params, name) for name in params.__slots__ if name != "guided_decoding"}
         guided = params.guided_decoding
         self._record("generate", request_id=self._next_id, prompt_length=len(inputs), streaming=streaming,
-                     sampling=sampling, decoding=params.decoding(self.mixed_sampler),
+                     sampling=sampling, decoding=params.decoding(self.mixed_sampler), instance=id(self),
                      seed_used=params.seed if SURFACE.per_request_seed else None,
                      guided=guided and {name: getattr(guided, name) for name in guided.__slots__
                                         if getattr(guided, name) not in (None, False)})
@@ -255,7 +259,37 @@ class LLM:
                 common = next((i for i, (a, b) in enumerate(zip(seen, prompt)) if a != b), min(len(seen), len(prompt)))
                 best = max(best, common // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK)
         self._seen_prompts.append(prompt)
+        if self._events_on:
+            self._store_blocks(prompt)
         return best
+
+    def _store_blocks(self, prompt: list[int]) -> None:
+        parent = None
+        for start in range(0, len(prompt) - TOKENS_PER_BLOCK + 1, TOKENS_PER_BLOCK):
+            key = hash((parent, tuple(prompt[start:start + TOKENS_PER_BLOCK])))
+            if key not in self._blocks:
+                tokens = [{"type": "unique_token", "token_id": t} for t in prompt[start:start + TOKENS_PER_BLOCK]]
+                self._event({"type": "stored", "parent_hash": parent,
+                             "blocks": [{"type": "stored_block", "block_hash": key, "tokens": tokens}]})
+            self._blocks[key] = None
+            self._blocks.move_to_end(key)
+            parent = key
+        while len(self._blocks) > self._capacity:
+            self._event({"type": "removed", "block_hashes": [self._blocks.popitem(last=False)[0]]})
+
+    def _event(self, data: dict[str, Any]) -> None:
+        self._events.append({"event_id": next(self._event_ids), "window_size": 131072, "attention_dp_rank": 0,
+                             "data": data})
+
+    async def get_kv_cache_events_async(self, timeout: float | None = 2) -> Any:
+        """The events recorded since the last call (llm.py: an async iterable); waits up to `timeout` for one."""
+        waited = 0.0
+        while not self._events and timeout and waited < timeout:
+            await asyncio.sleep(0.01)
+            waited += 0.01
+        events, self._events = self._events, []
+        for event in events:
+            yield event
 
     def _record(self, event: str, **details: Any) -> None:
         with (self._folder / "events.jsonl").open("a") as log:
