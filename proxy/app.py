@@ -26,6 +26,7 @@ from proxy.errors import (
     http_error_handler,
     store_unavailable_handler,
     unexpected_error_handler,
+    unstorable_handler,
 )
 from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
 from proxy.responses import conversations
@@ -42,7 +43,7 @@ from proxy.responses.transport.websocket import responses_socket
 from proxy.sse import KeepRawSend
 from proxy.state import ServerState
 from proxy.status import health, list_models, ready, retrieve_model
-from proxy.store.base import StoreUnavailable
+from proxy.store.base import StoreUnavailable, Unstorable
 from proxy.telemetry.metrics import metrics_endpoint
 from proxy.telemetry.observer import RequestObserver
 
@@ -115,6 +116,7 @@ def create_app(
             APIError: api_error_handler,
             EngineError: engine_error_handler,
             StoreUnavailable: store_unavailable_handler,
+            Unstorable: unstorable_handler,
             ClientDisconnected: client_gone_handler,
             HTTPException: http_error_handler,
             Exception: unexpected_error_handler,

@@ -96,6 +96,10 @@ async def store_unavailable_handler(request: Request, exc: Exception) -> Respons
                     type="server_error", headers={"Retry-After": "2"}).response()
 
 
+async def unstorable_handler(request: Request, exc: Exception) -> Response:
+    return APIError(400, f"The request holds a value the response store cannot keep: {exc}").response()
+
+
 async def http_error_handler(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:

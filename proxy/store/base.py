@@ -135,6 +135,11 @@ class StoreUnavailable(Exception):
     """The database cannot be reached now (it restarts, the network is down): a 503, and the client retries."""
 
 
+class Unstorable(Exception):
+    """A value the database cannot hold (PostgreSQL's text holds no NUL; an index entry has a size limit): a 400.
+    Ids are checked where they enter (`proxy/ids.py`), so this is the store's own refusal of what slipped past."""
+
+
 class DuplicateItem(Exception):
     def __init__(self, item_id: str) -> None:
         super().__init__(item_id)

@@ -26,6 +26,7 @@ from proxy.store.base import (
     OnOperation,
     StoredResponse,
     StoreUnavailable,
+    Unstorable,
     conversation_object,
     loads,
     new_owner,
@@ -129,6 +130,8 @@ class PostgresResponseStore:
                 result = await work(db)
             ok = True
             return result
+        except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
+            raise Unstorable(str(exc)) from None
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise StoreUnavailable(f"the database cannot be reached: {exc}") from exc
         finally:
