@@ -91,7 +91,7 @@ async def engine_error_handler(request: Request, exc: Exception) -> Response:
 
 
 async def store_unavailable_handler(request: Request, exc: Exception) -> Response:
-    logger.warning("the response store failed: %s", exc)
+    logger.debug("the response store failed: %s", exc)  # the store logs when it stops and starts answering
     return APIError(503, "The response store is unavailable; retry shortly.", code="store_unavailable",
                     type="server_error", headers={"Retry-After": "2"}).response()
 

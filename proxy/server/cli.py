@@ -34,6 +34,7 @@ from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_
 from proxy.server.startup import (
     build_state,
     check_capacity,
+    check_store,
     choose_store_path,
     engine_choice,
     trtllm_arguments,
@@ -58,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     temporary = None
     try:
         check_capacity(args)
+        check_store(args)
         engine_name = engine_choice(args)
         temporary = choose_store_path(args, engine_name, arguments)
         trtllm_flag_notices(args)
