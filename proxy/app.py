@@ -42,7 +42,7 @@ from proxy.responses.transport.routes import (
 from proxy.responses.transport.websocket import responses_socket
 from proxy.sse import KeepRawSend
 from proxy.state import ServerState
-from proxy.status import health, list_models, ready, retrieve_model
+from proxy.status import health, list_models, live, ready, retrieve_model
 from proxy.store.base import StoreUnavailable, Unstorable
 from proxy.telemetry.metrics import metrics_endpoint
 from proxy.telemetry.observer import RequestObserver
@@ -80,7 +80,7 @@ def create_app(
             state.metrics.close()
 
     routes: dict[Callable[..., object], str] = {}  # endpoint -> path template, for the observer's labels
-    probes = {"/health", "/ready"}
+    probes = {"/live", "/health", "/ready"}
     public = frozenset(probes | {"/metrics"} if state.config.metrics_public else probes) | PLAYGROUND_PATHS
     app = Starlette(
         routes=[
@@ -107,6 +107,7 @@ def create_app(
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+            Route("/live", live, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),

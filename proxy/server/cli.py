@@ -29,6 +29,7 @@ from proxy.engines.scripted import ScriptError
 from proxy.engines.trtllm_args import (
     LlmArgsError,
 )
+from proxy.server import readiness
 from proxy.server.arguments import StartupError, build_parser
 from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
 from proxy.server.startup import (
@@ -78,8 +79,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def bind(args: argparse.Namespace) -> socket.socket:
-    """The listening socket, as uvicorn binds it (it logs the error and exits when the address is in use)."""
-    return uvicorn.Config(None, **uvicorn_options(args)).bind_socket()
+    """The socket to serve on, bound: an address in use stops the start here (`proxy/server/readiness.py`)."""
+    return readiness.bind(args.host, args.port)
 
 
 def run_server(args: argparse.Namespace, state: ServerState, listening: socket.socket) -> None:
@@ -91,7 +92,7 @@ def run_server(args: argparse.Namespace, state: ServerState, listening: socket.s
 
     app = create_app(state, on_engine_failure=engine_failed)
     freeze_startup_objects()
-    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(args)))
+    server = readiness.Server(uvicorn.Config(app, **uvicorn_options(args)))
     server.run(sockets=[listening])
     if failures:
         print(f"harmony-proxy: error: the {state.engine.name} engine failed to start: {failures[0]}", file=sys.stderr)
