@@ -458,11 +458,12 @@ class _PoolLog(logging.Filter):
         if record.levelno < logging.WARNING:
             return True
         args = record.args if isinstance(record.args, tuple) else ()
-        if record.msg.startswith("error connecting in") and args[:1] == (self.pool_name,):
+        message = str(record.msg)
+        if message.startswith("error connecting in") and args[:1] == (self.pool_name,):
             self.reason = one_line(args[1])
             return False
         ours = self.pool_name in args or any(getattr(arg, "name", None) == self.pool_name for arg in args)
-        return not (ours or record.msg.startswith("discarding broken connection"))
+        return not (ours or message.startswith("discarding broken connection"))
 
 
 async def _lock(db: Connection, key: str) -> None:
