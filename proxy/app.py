@@ -27,6 +27,7 @@ from proxy.errors import (
     http_error_handler,
     store_unavailable_handler,
     unexpected_error_handler,
+    unstorable_handler,
 )
 from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
 from proxy.responses import conversations
@@ -42,8 +43,8 @@ from proxy.responses.transport.routes import (
 from proxy.responses.transport.websocket import responses_socket
 from proxy.sse import KeepRawSend
 from proxy.state import ServerState
-from proxy.status import health, list_models, ready, retrieve_model
-from proxy.store.base import StoreUnavailable
+from proxy.status import health, list_models, live, ready, retrieve_model
+from proxy.store.base import StoreUnavailable, Unstorable
 from proxy.telemetry.metrics import metrics_endpoint
 from proxy.telemetry.observer import RequestObserver
 
@@ -80,7 +81,7 @@ def create_app(
             state.metrics.close()
 
     routes: dict[Callable[..., object], str] = {}  # endpoint -> path template, for the observer's labels
-    probes = {"/health", "/ready"}
+    probes = {"/live", "/health", "/ready"}
     public = frozenset(probes | {"/metrics"} if state.config.metrics_public else probes) | PLAYGROUND_PATHS
     app = Starlette(
         routes=[
@@ -107,6 +108,7 @@ def create_app(
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/v1/models", list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+            Route("/live", live, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
@@ -116,6 +118,7 @@ def create_app(
             APIError: api_error_handler,
             EngineError: engine_error_handler,
             StoreUnavailable: store_unavailable_handler,
+            Unstorable: unstorable_handler,
             ClientDisconnected: client_gone_handler,
             HTTPException: http_error_handler,
             Exception: unexpected_error_handler,

@@ -93,9 +93,13 @@ async def engine_error_handler(request: Request, exc: Exception) -> Response:
 
 
 async def store_unavailable_handler(request: Request, exc: Exception) -> Response:
-    logger.warning("the response store failed: %s", exc)
+    logger.debug("the response store failed: %s", exc)  # the store logs when it stops and starts answering
     return APIError(503, "The response store is unavailable; retry shortly.", code="store_unavailable",
                     type="server_error", headers={"Retry-After": "2"}).response()
+
+
+async def unstorable_handler(request: Request, exc: Exception) -> Response:
+    return APIError(400, f"The request holds a value the response store cannot keep: {exc}").response()
 
 
 async def http_error_handler(request: Request, exc: Exception) -> Response:

@@ -1,5 +1,9 @@
-"""`GET /v1/models`, `GET /v1/models/{model}`, `GET /health` (the process serves) and `GET /ready` (send it
-traffic)."""
+"""`GET /v1/models`, `GET /v1/models/{model}`, and the probes: `GET /live` (this process works: liveness),
+`GET /health` (the engine serves) and `GET /ready` (send it traffic: readiness).
+
+A liveness probe that fails has the process restarted, so it must fail only when a restart would help: /live is
+200 whenever the process answers HTTP at all, while the engine loads, an upstream is down, the store is
+unreachable or the server drains. /health and /ready are 503 then, and restarting would not make them 200."""
 
 from __future__ import annotations
 
@@ -39,6 +43,11 @@ async def retrieve_model(request: Request) -> Response:
     return JSONResponse(_model_card(state))
 
 
+async def live(request: Request) -> Response:
+    """200 whenever this process serves HTTP (liveness): nothing it depends on is asked."""
+    return JSONResponse({"status": "alive"})
+
+
 async def health(request: Request) -> Response:
     """200 once the engine can serve; 503 with the reason before that, or while it cannot."""
     state: ServerState = request.app.state.harmony
@@ -54,7 +63,7 @@ async def health(request: Request) -> Response:
 
 async def ready(request: Request) -> Response:
     """200 while this replica should be sent requests: the engine loaded and answering, the store reachable, and
-    not draining (proxy/draining.py); else 503 saying which. `/health` stays the liveness check."""
+    not draining (proxy/draining.py); else 503 saying which. `/live` is the liveness check."""
     state: ServerState = request.app.state.harmony
     if state.draining.draining:
         raise APIError(503, "The server is shutting down.", code="draining")

@@ -7,10 +7,12 @@ as root it runs as the `postgres` user the package creates. Each test gets a dat
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -65,6 +67,20 @@ class PostgresServer:
     def stop(self) -> None:
         self._run("pg_ctl", "-D", str(self._data), "-m", "fast", "-w", "stop")
 
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The whole server stopped (SIGSTOP to the postmaster and its backends) until the block ends: connections
+        stay open and statements wait, as when the database's host stalls."""
+        postmaster = int((self._data / "postmaster.pid").read_text().split()[0])
+        processes = [postmaster, *_children(postmaster)]
+        for pid in processes:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in processes:
+                os.kill(pid, signal.SIGCONT)
+
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
 
@@ -80,6 +96,18 @@ class PostgresServer:
             self.stop()
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """The deployment examples in deploy/ parse, and say what the server understands: every harmony-proxy command
-line parses with the CLI's own parser, probes point at /ready and /health, several replicas share PostgreSQL,
+line parses with the CLI's own parser, probes point at /ready and /live, several replicas share PostgreSQL,
 the engine replicas are routed to by cache, and the grace period outlasts the drain."""
 
 from __future__ import annotations
@@ -56,11 +56,12 @@ def test_the_compose_file() -> None:
     assert (postgres["POSTGRES_USER"], postgres["POSTGRES_DB"]) == (user, database)
     assert postgres["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD") and secret == password
     assert proxy["depends_on"][host] == {"condition": "service_healthy"}
-    # The load balancer's readiness check is /ready; Docker's liveness check is /health.
+    # The load balancer's readiness check is /ready; Docker's liveness check is /live (tests/test_deploy_probes.py
+    # runs them).
     labels = proxy["labels"]
     assert labels["traefik.http.services.proxy.loadbalancer.healthcheck.path"] == "/ready"
     assert labels["traefik.http.services.proxy.loadbalancer.server.port"] == str(args.port)
-    assert "http://localhost:8000/health" in " ".join(proxy["healthcheck"]["test"])
+    assert "http://localhost:8000/live" in " ".join(proxy["healthcheck"]["test"])
     assert _seconds(proxy["stop_grace_period"]) > args.drain_seconds + args.shutdown_timeout
     assert "load-balancer" in services and services["load-balancer"]["ports"] == [f"{args.port}:{args.port}"]
     assert proxy["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
@@ -81,7 +82,8 @@ def test_the_kubernetes_manifests() -> None:
     port = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
     assert port == args.port
     assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/live", "port": "http"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/live", "port": "http"}
     assert pod["spec"]["terminationGracePeriodSeconds"] > args.drain_seconds + args.shutdown_timeout
     service = by_kind["Service", "harmony-proxy"]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()

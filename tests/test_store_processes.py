@@ -154,13 +154,11 @@ def test_only_a_dead_owners_jobs_are_ended(backend: str) -> None:
         assert await other.request_cancel("resp_2_0")
         assert not await other.request_cancel("resp_9_9")  # nobody runs it
         assert await owner.cancel_requests() == ["resp_2_0"] and await other.cancel_requests() == []
-        for _ in range(5):  # the owner is alive: it renews its heartbeat, and its jobs are left alone
-            await asyncio.sleep(0.2)
+        for _ in range(10):  # the owner is alive: it renews its heartbeat, and its jobs are left alone
+            await watch(watcher, 0.1)
             await owner.renew()
-            await watcher.sweep()
         assert (await other.load("resp_1_0")).resource["status"] == "in_progress"
-        await asyncio.sleep(0.7)  # the owner stops renewing, as a killed process would
-        await watcher.sweep()
+        await watch(watcher, 0.8)  # the owner stops renewing, as a killed process would
         failed = (await other.load("resp_1_0")).resource
         assert failed["status"] == "failed" and failed["error"]["code"] == "server_restarted"
         assert failed["output"][0]["status"] == "incomplete"
@@ -174,6 +172,14 @@ def test_only_a_dead_owners_jobs_are_ended(backend: str) -> None:
         await other.close()
 
     asyncio.run(scenario())
+
+
+async def watch(watcher: BackgroundJobs, seconds: float) -> None:
+    """Look at the heartbeats every 20 ms for `seconds`, as a process's watcher does (every lease / 10)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        await watcher.sweep()
+        await asyncio.sleep(0.02)
 
 
 # -- two real server processes on one store ----------------------------------------------------------------------

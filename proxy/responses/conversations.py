@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.errors import APIError, invalid_request
-from proxy.ids import new_id
+from proxy.ids import checked_id, new_id
 from proxy.responses.request.pages import page, page_query
 from proxy.responses.request.parse import conversation_not_found, normalize_items, refuse_duplicates, resolve_references
 from proxy.responses.request.schema import INCLUDABLE
@@ -46,12 +46,12 @@ async def create_conversation(request: Request) -> Response:
 
 
 async def retrieve_conversation(request: Request) -> Response:
-    store, conversation_id = _store(request), request.path_params["conversation_id"]
+    store, conversation_id = _store(request), _conversation_id(request)
     return JSONResponse(_found(await store.load_conversation(conversation_id), conversation_id))
 
 
 async def update_conversation(request: Request) -> Response:
-    store, conversation_id = _store(request), request.path_params["conversation_id"]
+    store, conversation_id = _store(request), _conversation_id(request)
     body = await read_json_object(request)
     check(body, _UPDATE)
     return JSONResponse(_found(await store.update_conversation(conversation_id, body["metadata"] or {}),
@@ -59,14 +59,14 @@ async def update_conversation(request: Request) -> Response:
 
 
 async def delete_conversation(request: Request) -> Response:
-    store, conversation_id = _store(request), request.path_params["conversation_id"]
+    store, conversation_id = _store(request), _conversation_id(request)
     if not await store.delete_conversation(conversation_id):
         raise conversation_not_found(conversation_id)
     return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
 async def add_items(request: Request) -> Response:
-    store, conversation_id = _store(request), request.path_params["conversation_id"]
+    store, conversation_id = _store(request), _conversation_id(request)
     _include(request)
     body = await read_json_object(request)
     check(body, _ADD)
@@ -81,7 +81,7 @@ async def add_items(request: Request) -> Response:
 
 
 async def list_items(request: Request) -> Response:
-    store, conversation_id = _store(request), request.path_params["conversation_id"]
+    store, conversation_id = _store(request), _conversation_id(request)
     _include(request)
     asked = page_query(request.query_params)
     after, limit = asked.after, asked.limit
@@ -136,7 +136,11 @@ def _include(request: Request) -> None:
 
 
 def _item_path(request: Request) -> tuple[str, str]:
-    return request.path_params["conversation_id"], request.path_params["item_id"]
+    return _conversation_id(request), checked_id(request.path_params["item_id"], "item_id")
+
+
+def _conversation_id(request: Request) -> str:
+    return checked_id(request.path_params["conversation_id"], "conversation_id")
 
 
 def _found(conversation: dict[str, Any] | None, conversation_id: str) -> dict[str, Any]:

@@ -27,12 +27,14 @@ from parsers.vocab import VocabError
 from proxy.app import create_app
 from proxy.engines.scripted import ScriptError
 from proxy.engines.trtllm_serve import TrtllmServeError, parse_trtllm_serve
+from proxy.server import readiness
 from proxy.server.arguments import StartupError, parse_command_line
 from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
 from proxy.server.startup import (
     TRTLLM_MAX_BATCH_SIZE,
     build_state,
     check_capacity,
+    check_store,
     choose_store_path,
     engine_choice,
     trtllm_command,
@@ -56,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     temporary = None
     try:
         check_capacity(args)
+        check_store(args)
         engine_name = engine_choice(args)
         temporary = choose_store_path(args, engine_name, arguments)
         if args.workers > 1:
@@ -86,8 +89,8 @@ def trtllm_worker_options(args: argparse.Namespace) -> list[str]:
 
 
 def bind(args: argparse.Namespace) -> socket.socket:
-    """The listening socket, as uvicorn binds it (it logs the error and exits when the address is in use)."""
-    return uvicorn.Config(None, **uvicorn_options(args)).bind_socket()
+    """The socket to serve on, bound: an address in use stops the start here (`proxy/server/readiness.py`)."""
+    return readiness.bind(args.host, args.port)
 
 
 def run_server(args: argparse.Namespace, state: ServerState, listening: socket.socket) -> None:
@@ -99,7 +102,7 @@ def run_server(args: argparse.Namespace, state: ServerState, listening: socket.s
 
     app = create_app(state, on_engine_failure=engine_failed)
     freeze_startup_objects()
-    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options(args)))
+    server = readiness.Server(uvicorn.Config(app, **uvicorn_options(args)))
     server.run(sockets=[listening])
     if failures:
         print(f"harmony-proxy: error: the {state.engine.name} engine failed to start: {failures[0]}", file=sys.stderr)

@@ -34,7 +34,7 @@ from proxy.server.arguments import (
 )
 from proxy.server_tools.allow import McpAllowList, McpUrlRefused, parse_target
 from proxy.state import ServerState
-from proxy.store.base import OnOperation, ResponseStore
+from proxy.store.base import OnOperation, ResponseStore, StoreUnavailable
 from proxy.store.sqlite import SQLiteResponseStore
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.tracing import TracedEngine, traced_store_operations, tracer_from_environment
@@ -93,6 +93,19 @@ def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | Non
     batch = getattr(engine, "call", None) and engine.call.llm_args.get("max_batch_size")
     engine = AdmittedEngine(engine, admission_queue(args, engine_name, metrics, batch))
     return ServerState(config, vocab, engine, open_store(args, on_store_operation), metrics, tracer)
+
+
+def check_store(args: argparse.Namespace) -> None:
+    """A PostgreSQL store that cannot be reached stops the start with psycopg's reason, in one line, before any
+    worker or engine starts (the server cannot serve its stored responses without it)."""
+    if args.no_store or args.store_path is not None or not (args.store_url or "").startswith(("postgresql://", "postgres://")):
+        return  # nothing to reach, or `open_store` refuses the options
+    from proxy.store.postgres import check_reachable  # psycopg, loaded only when used
+
+    try:
+        check_reachable(args.store_url)
+    except StoreUnavailable as exc:
+        raise StartupError(str(exc)) from None
 
 
 def open_store(args: argparse.Namespace, on_operation: OnOperation) -> ResponseStore | None:

@@ -1,7 +1,8 @@
 """`--workers N`: N HTTP front-end processes sharing one listening socket (vLLM's `--api-server-count`).
 
 Each worker is a uvicorn worker process that rebuilds the server from the same command line (passed in the
-environment) and serves on the shared socket; uvicorn's supervisor restarts a worker that dies. With the
+environment) and serves on the shared socket; the supervisor (`proxy/server/supervisor.py`, uvicorn's with a
+start-up allowance) restarts a worker that dies or hangs, saying why. With the
 mock, scripted and upstream engines each worker has its own engine. With trtllm there is one engine: a host
 process builds the `LLM` in its own main thread (as trtllm-serve does; TensorRT-LLM's MPI start-up and signal
 handling assume it) and serves it over a Unix socket; the workers render, parse and serialize, and only token
@@ -24,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from uvicorn.supervisors import Multiprocess
 
 from proxy.responses.sealing import KEY_ENV
+from proxy.server.readiness import bind
+from proxy.server.supervisor import HEALTHCHECK_TIMEOUT, Supervisor
 from proxy.telemetry.metrics import MULTIPROCESS_ENV
 
 logger = logging.getLogger("harmony_proxy")
@@ -46,8 +48,9 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str, o
         logger.warning("no --reasoning-key (or %s): encrypted_content is sealed with a random key made now; "
                        "blobs stop opening after a restart and on other replicas", KEY_ENV)
     metrics_dir = _metrics_folder()
-    config = uvicorn.Config(WORKER_APP, factory=True, workers=args.workers, **options)
-    listening = config.bind_socket()  # before the engine host starts: a port in use stops everything at once
+    config = uvicorn.Config(WORKER_APP, factory=True, workers=args.workers,
+                            timeout_worker_healthcheck=HEALTHCHECK_TIMEOUT, **options)
+    listening = bind(args.host, args.port)  # before the engine host starts: a port in use stops everything at once
     host, socket_path = None, Path()
     if engine_name == "trtllm":
         socket_path = Path(tempfile.mkdtemp(prefix="harmony-proxy-")) / "engine.sock"
@@ -58,7 +61,7 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str, o
         host.start()
         logger.info("trtllm engine host started (pid %d); workers connect to %s", host.pid, socket_path)
     try:
-        Multiprocess(config, sockets=[listening]).run()
+        Supervisor(config, sockets=[listening]).run()
     finally:
         if host is not None:
             host.terminate()  # SIGTERM: the host aborts what is left and shuts the LLM down

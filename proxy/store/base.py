@@ -84,9 +84,16 @@ class ResponseStore(Protocol):
         """Refresh the heartbeat of this store's jobs: their process is alive."""
         ...
 
-    async def end_abandoned(self, lease: float, end: Callable[[StoredResponse, bool], None]) -> list[str]:
-        """End the unfinished responses whose owner's heartbeat is older than `lease` seconds, or that have no
-        owner: `end(record, cancel_requested)` gives each a final status, and it is saved. Returns their ids."""
+    async def heartbeats(self) -> dict[str, float | None]:
+        """Each unfinished response's owner's last heartbeat (None: it has no owner). Other processes watch these
+        to tell a dead owner (`proxy/responses/transport/jobs.py`)."""
+        ...
+
+    async def end_abandoned(self, stale: dict[str, float | None],
+                            end: Callable[[StoredResponse, bool], None]) -> list[str]:
+        """End the unfinished responses of `stale` whose heartbeat is still the one given there (the owner did not
+        renew since it was seen): `end(record, cancel_requested)` gives each a final status, and it is saved, in
+        one transaction with that look. Returns their ids."""
         ...
 
     async def close(self) -> None:
@@ -133,6 +140,11 @@ class ResponseStore(Protocol):
 
 class StoreUnavailable(Exception):
     """The database cannot be reached now (it restarts, the network is down): a 503, and the client retries."""
+
+
+class Unstorable(Exception):
+    """A value the database cannot hold (PostgreSQL's text holds no NUL; an index entry has a size limit): a 400.
+    Ids are checked where they enter (`proxy/ids.py`), so this is the store's own refusal of what slipped past."""
 
 
 class DuplicateItem(Exception):

@@ -5,7 +5,9 @@ response take a transaction-scoped advisory lock on its id (and appends to a con
 id), so an owner's save, another replica's cancel request and a sweep of abandoned jobs follow each other as they
 do under SQLite's single writer, without serializing unrelated work. Heartbeats use the database's clock, so the
 replicas' clocks need not agree. A database that cannot be reached is `StoreUnavailable` (a 503): the pool checks a
-connection before lending it and reconnects when the server is back.
+connection before lending it and reconnects when the server is back. An outage is logged as two lines, when the
+store stops answering (with psycopg's reason) and when it answers again: the pool's own warnings, one per
+connection attempt, are kept for that reason instead of logged (`_PoolLog`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from proxy.store.base import (
     OnOperation,
     StoredResponse,
     StoreUnavailable,
+    Unstorable,
     conversation_object,
     loads,
     new_owner,
@@ -91,8 +94,8 @@ CREATE TABLE response_events (
     """,
 ]
 
-_ABANDONED = f"""SELECT r.id FROM responses r LEFT JOIN jobs j ON j.response_id = r.id
-                 WHERE r.status IN ('queued', 'in_progress') AND (j.owner IS NULL OR j.heartbeat < {_NOW} - %s)"""
+_UNFINISHED = """SELECT r.id, j.heartbeat FROM responses r LEFT JOIN jobs j ON j.response_id = r.id
+                 WHERE r.status IN ('queued', 'in_progress')"""
 
 
 class PostgresResponseStore:
@@ -100,18 +103,22 @@ class PostgresResponseStore:
         """`on_operation(name, seconds, ok)` is told each operation's latency, waiting for a connection included."""
         self._on_operation = on_operation
         self.owner = new_owner()
-        where = conninfo_to_dict(url)  # for messages: never the password
-        self._where = f"{where.get('host', 'localhost')}:{where.get('port', 5432)}/{where.get('dbname', '')}"
+        self._where = where(url)
         self._pool = AsyncConnectionPool(url, min_size=1, max_size=pool_size, open=False, timeout=CONNECT_TIMEOUT,
                                          kwargs={"autocommit": True}, check=AsyncConnectionPool.check_connection,
-                                         reconnect_timeout=0)
+                                         reconnect_timeout=0, name=f"harmony-proxy-{self.owner}")
+        self._pool_log = _PoolLog(self._pool.name)
+        self._down_since: float | None = None  # while the store does not answer: since when (monotonic)
 
     async def open(self) -> None:
+        logging.getLogger("psycopg.pool").addFilter(self._pool_log)
         try:
             await self._pool.open(wait=True, timeout=CONNECT_TIMEOUT * 2)
         except PoolTimeout:
             await self._pool.close()
-            raise StoreUnavailable(f"cannot connect to the PostgreSQL store {self._where}") from None
+            logging.getLogger("psycopg.pool").removeFilter(self._pool_log)
+            raise StoreUnavailable(f"cannot connect to the PostgreSQL store {self._where}: "
+                                   f"{self._pool_log.reason or 'no connection within the time allowed'}") from None
         async with self._pool.connection() as db, db.transaction():
             await db.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             await db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -129,11 +136,22 @@ class PostgresResponseStore:
                 result = await work(db)
             ok = True
             return result
+        except (psycopg.DataError, psycopg.errors.ProgramLimitExceeded) as exc:
+            raise Unstorable(str(exc)) from None
         except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise StoreUnavailable(f"the database cannot be reached: {exc}") from exc
+            reason = self._pool_log.reason if isinstance(exc, PoolTimeout) and self._pool_log.reason else one_line(exc)
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                logger.warning("the PostgreSQL store %s does not answer: %s", self._where, reason)
+            raise StoreUnavailable(f"the database cannot be reached: {reason}") from exc
         finally:
             if self._on_operation is not None:
                 self._on_operation(operation, time.perf_counter() - started, ok)
+            if ok and self._down_since is not None:
+                logger.info("the PostgreSQL store %s answers again, after %.1f s", self._where,
+                            time.monotonic() - self._down_since)
+                self._down_since = None
+                self._pool_log.reason = None
 
     async def _fetchone(self, operation: str, sql: str, values: tuple[Any, ...]) -> tuple[Any, ...] | None:
         async def read(db: Connection) -> tuple[Any, ...] | None:
@@ -284,23 +302,28 @@ class PostgresResponseStore:
 
         await self._run("renew", write)
 
-    async def end_abandoned(self, lease: float, end: Callable[[StoredResponse, bool], None]) -> list[str]:
+    async def heartbeats(self) -> dict[str, float | None]:
+        async def read(db: Connection) -> list[tuple[str, float | None]]:
+            return await (await db.execute(_UNFINISHED)).fetchall()
+
+        return dict(await self._run("heartbeats", read))
+
+    async def end_abandoned(self, stale: dict[str, float | None],
+                            end: Callable[[StoredResponse, bool], None]) -> list[str]:
         async def sweep(db: Connection) -> list[str]:
             ended = []
-            for (response_id,) in await (await db.execute(_ABANDONED, (lease,))).fetchall():
-                async with db.transaction():  # look again under the lock: an owner may have saved in between
+            for response_id, heartbeat in stale.items():
+                async with db.transaction():  # look again under the lock: the owner may have renewed or saved
                     await _lock(db, response_id)
                     row = await (await db.execute(
-                        _ABANDONED.replace("WHERE", "WHERE r.id = %s AND", 1) + " FOR UPDATE OF r",
-                        (response_id, lease))).fetchone()
-                    if row is None:
-                        continue
-                    found = await (await db.execute(
-                        """SELECT r.resource, r.input_items, coalesce(j.cancel_requested, false)
-                           FROM responses r LEFT JOIN jobs j ON j.response_id = r.id WHERE r.id = %s""",
+                        """SELECT j.heartbeat, r.resource, r.input_items, coalesce(j.cancel_requested, false)
+                           FROM responses r LEFT JOIN jobs j ON j.response_id = r.id
+                           WHERE r.id = %s AND r.status IN ('queued', 'in_progress') FOR UPDATE OF r""",
                         (response_id,))).fetchone()
-                    record = StoredResponse(loads(found[0]), loads(found[1]))
-                    end(record, bool(found[2]))
+                    if row is None or row[0] != heartbeat:
+                        continue
+                    record = StoredResponse(loads(row[1]), loads(row[2]))
+                    end(record, bool(row[3]))
                     await self._write(db, record)
                     ended.append(response_id)
             return ended
@@ -317,6 +340,7 @@ class PostgresResponseStore:
             logger.warning("giving up this process's jobs failed: %s", exc)
         finally:
             await self._pool.close()
+            logging.getLogger("psycopg.pool").removeFilter(self._pool_log)
 
     # -- conversations ---------------------------------------------------------------------------------------------
 
@@ -400,6 +424,46 @@ class PostgresResponseStore:
                                      (conversation_id, item_id))).rowcount > 0
 
         return await self._run("delete_conversation_item", remove)
+
+
+def where(url: str) -> str:
+    """host:port/database, for messages: never the password."""
+    parts = conninfo_to_dict(url)
+    return f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}/{parts.get('dbname', '')}"
+
+
+def check_reachable(url: str) -> None:
+    """Connect once, at start-up, before anything else starts: StoreUnavailable saying why not (psycopg's reason:
+    refused, unknown host, authentication failed, no such database)."""
+    try:
+        psycopg.connect(url, connect_timeout=int(CONNECT_TIMEOUT * 2)).close()
+    except psycopg.Error as exc:
+        raise StoreUnavailable(f"cannot connect to the PostgreSQL store {where(url)}: {one_line(exc)}") from None
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+class _PoolLog(logging.Filter):
+    """psycopg_pool warns once per failed connection attempt (hundreds in an outage) and once per broken connection
+    it discards. Of our pool's, keep the last attempt's reason for our own line, and let none through."""
+
+    def __init__(self, pool_name: str) -> None:
+        super().__init__()
+        self.pool_name = pool_name
+        self.reason: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        message = str(record.msg)
+        if message.startswith("error connecting in") and args[:1] == (self.pool_name,):
+            self.reason = one_line(args[1])
+            return False
+        ours = self.pool_name in args or any(getattr(arg, "name", None) == self.pool_name for arg in args)
+        return not (ours or message.startswith("discarding broken connection"))
 
 
 async def _lock(db: Connection, key: str) -> None:

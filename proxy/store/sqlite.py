@@ -88,9 +88,11 @@ CREATE TABLE IF NOT EXISTS response_events (
 ]
 
 # Literal statuses, matching the partial index's condition so that SQLite uses it.
-_ABANDONED = """SELECT r.id, r.resource, r.input_items, coalesce(j.cancel_requested, 0)
+_UNFINISHED = """SELECT r.id, j.heartbeat FROM responses r LEFT JOIN jobs j ON j.response_id = r.id
+                 WHERE r.status IN ('queued', 'in_progress')"""
+_ABANDONED = """SELECT j.heartbeat, r.resource, r.input_items, coalesce(j.cancel_requested, 0)
                 FROM responses r LEFT JOIN jobs j ON j.response_id = r.id
-                WHERE r.status IN ('queued', 'in_progress') AND (j.owner IS NULL OR j.heartbeat < ?)"""
+                WHERE r.id = ? AND r.status IN ('queued', 'in_progress')"""
 
 
 class SQLiteResponseStore:
@@ -263,18 +265,23 @@ class SQLiteResponseStore:
         await self._run("renew", lambda db: db.execute("UPDATE jobs SET heartbeat = ? WHERE owner = ?",
                                                        (time.time(), self.owner)))
 
-    async def end_abandoned(self, lease: float, end: Callable[[StoredResponse, bool], None]) -> list[str]:
+    async def heartbeats(self) -> dict[str, float | None]:
+        return await self._run("heartbeats", lambda db: dict(db.execute(_UNFINISHED).fetchall()))
+
+    async def end_abandoned(self, stale: dict[str, float | None],
+                            end: Callable[[StoredResponse, bool], None]) -> list[str]:
         def sweep(db: sqlite3.Connection) -> list[str]:
-            # Most sweeps find nothing: look first without taking the write lock.
-            if not db.execute(_ABANDONED, (time.time() - lease,)).fetchone():
-                return []
-            with _transaction(db):  # look again: an owner may have saved in between
-                rows = db.execute(_ABANDONED, (time.time() - lease,)).fetchall()
-                for response_id, resource, input_items, cancel_requested in rows:
-                    record = StoredResponse(loads(resource), loads(input_items))
-                    end(record, bool(cancel_requested))
+            ended = []
+            with _transaction(db):  # look again: an owner may have renewed or saved in between
+                for response_id, heartbeat in stale.items():
+                    row = db.execute(_ABANDONED, (response_id,)).fetchone()
+                    if row is None or row[0] != heartbeat:
+                        continue
+                    record = StoredResponse(loads(row[1]), loads(row[2]))
+                    end(record, bool(row[3]))
                     self._write(db, record)
-            return [row[0] for row in rows]
+                    ended.append(response_id)
+            return ended
 
         return await self._run("end_abandoned", sweep)
 

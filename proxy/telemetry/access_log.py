@@ -26,7 +26,7 @@ requests_logger = logging.getLogger("harmony_proxy.requests")
 LOG_FORMATS = ("text", "json")
 MAX_LOGGED_BODY = 1 << 20  # --log-requests: longer bodies are cut here
 SECRET_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"cookie", b"x-api-key", b"api-key"})
-QUIET_PATHS = frozenset({"/health", "/ready", "/metrics"})  # probes and scrapes: logged at debug level
+QUIET_PATHS = frozenset({"/live", "/health", "/ready", "/metrics"})  # probes and scrapes: logged at debug level
 _UNREADABLE = b"[not shown: not a JSON object, and it may hold MCP server credentials]"
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
 logger = logging.getLogger("harmony_proxy")
-_UNTRACED = frozenset({"/health", "/ready", "/metrics"})  # probes and scrapes, every few seconds: noise
+_UNTRACED = frozenset({"/live", "/health", "/ready", "/metrics"})  # probes and scrapes, every few seconds: noise
 _APIS = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/tokenize": "tokenize"}
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from starlette.datastructures import QueryParams
 
 from proxy.errors import invalid_request
+from proxy.ids import checked_id
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,8 @@ def page_query(query: QueryParams) -> PageQuery:
         limit = 0
     if not 1 <= limit <= 100:
         raise invalid_request("`limit` must be an integer from 1 to 100.", param="limit")
-    return PageQuery(order == "desc", limit, query.get("after"))
+    after = query.get("after")
+    return PageQuery(order == "desc", limit, None if after is None else checked_id(after, "after"))
 
 
 def page(items: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

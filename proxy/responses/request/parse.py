@@ -25,7 +25,7 @@ from parsers.conversation import (
 )
 from proxy.engines.base import OutputConstraint
 from proxy.errors import APIError, invalid_request
-from proxy.ids import new_id
+from proxy.ids import checked_id, new_id
 from proxy.options import HARMONY_EFFORT, GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
 from proxy.responses.agent_messages import agent_message_text, call_arguments
@@ -136,7 +136,11 @@ def parse_responses_request(
                               param="stream", code="unsupported_parameter")
     conversation = body.get("conversation")
     if isinstance(conversation, dict):
-        conversation = conversation["id"]
+        conversation = checked_id(conversation["id"], "conversation.id")
+    elif conversation is not None:
+        checked_id(conversation, "conversation")
+    if body.get("previous_response_id") is not None:
+        checked_id(body["previous_response_id"], "previous_response_id")
     if conversation is not None and body.get("previous_response_id") is not None:
         raise invalid_request("`conversation` and `previous_response_id` are mutually exclusive: send one of them.",
                               param="conversation", code="mutually_exclusive_parameters")
@@ -329,6 +333,8 @@ def _normalize(item: Any, where: str) -> dict[str, Any]:
         raise invalid_request(f"Input item type {kind!r} is not supported" + (f": {reason}." if reason else "."),
                               param=f"{where}.type", code="invalid_value")
     check({**item, "type": kind}, _ITEM[kind], where)
+    if item.get("id") is not None:
+        checked_id(item["id"], f"{where}.id")
     item = {**item, "type": kind}
     if kind == "item_reference":
         return item

@@ -7,11 +7,17 @@ GET on any process shows the progress, and a streamed GET replays and follows th
 (`proxy/responses/transport/resume.py`).
 Another process cancels (or deletes) it by recording a cancel request; the owner
 polls for those every POLL_EVERY seconds, cancels the job (its engine request is aborted) and saves it, while the
-other process waits for the store to show it ended. The owner renews its heartbeat every lease / 5; at start and
-every lease / 2, each process ends the unfinished responses whose owner's heartbeat is older than the lease (its
-process died, so they will never finish), and never those of a live process, so a worker that starts or restarts
-leaves the others' jobs alone. A job whose record its process no longer owns (deleted, or ended as abandoned after a
-stall longer than the lease) stops without saving.
+other process waits for the store to show it ended. The owner renews its heartbeat every lease / 5.
+
+Every process watches the heartbeats of the unfinished responses (every lease / 10) and ends those whose owner died,
+so they never finish: at once those with no owner (given up by a process that stopped), and those whose heartbeat
+it has seen unchanged for a lease of its own steady watching. Steady: each look succeeded within lease / 4 of the
+one before. A look that failed or took longer (the database was down or frozen, or this process stalled) starts
+the count again, so that after an outage the owners, which could not renew either, get a whole lease to do it
+before anyone judges them: a heartbeat's age on the database's clock says nothing across an outage. The end is
+saved only if the heartbeat is still the one seen (`ResponseStore.end_abandoned`), so a renewal that lands first
+wins. A job whose record its process no longer owns (deleted, or ended as abandoned after this process stalled
+for longer than the lease) stops without saving.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ class BackgroundJobs:
     def __init__(self, store: ResponseStore, lease: float = LEASE) -> None:
         self._store = store
         self._lease = lease
+        self._seen: dict[str, tuple[float | None, float]] = {}  # response id: (heartbeat, loop time first seen)
+        self._looked: float | None = None  # the loop time of the last look at the heartbeats that succeeded
+        self._store_down = False  # the watcher's last store operation failed
         self._running: dict[str, tuple[asyncio.Task[None], ResponseRun]] = {}
         self._watcher: asyncio.Task[None] | None = None
         self._closing = False
@@ -82,9 +91,25 @@ class BackgroundJobs:
         return record.resource if record else None
 
     async def sweep(self) -> None:
-        """End the unfinished responses of processes that died."""
-        for response_id in await self._store.end_abandoned(self._lease, _end_abandoned):
-            logger.warning("response %s was left unfinished by a server process that stopped; ended it", response_id)
+        """Look at the heartbeats, and end the unfinished responses of processes that died (see the module's
+        docstring): those with no owner, and those whose heartbeat was seen unchanged for a steady lease."""
+        heartbeats = await self._store.heartbeats()
+        now = asyncio.get_running_loop().time()
+        if self._looked is None or now - self._looked > self._lease / 4:
+            self._seen = {}  # not steady: the owners may not have been able to renew either
+        self._looked = now
+        seen, stale = {}, {}
+        for response_id, heartbeat in heartbeats.items():
+            before = self._seen.get(response_id)
+            since = before[1] if before is not None and before[0] == heartbeat else now
+            seen[response_id] = (heartbeat, since)
+            if heartbeat is None or now - since >= self._lease:
+                stale[response_id] = heartbeat
+        self._seen = seen
+        if stale:
+            for response_id in await self._store.end_abandoned(stale, _end_abandoned):
+                logger.warning("response %s was left unfinished by a server process that stopped; ended it",
+                               response_id)
 
     async def close(self) -> None:
         """The server is stopping: running jobs end as failed (nobody cancelled them)."""
@@ -131,6 +156,7 @@ class BackgroundJobs:
         """Save a job's ending (`save_owned`). It must reach the store: while the database is away, try again (this
         process still owns the job and renews it, so no other process ends it meanwhile), unless stopping.
         False when it was not saved: the job is no longer this process's, or the server stops."""
+        tries = 0
         while True:
             try:
                 return await self._store.save_owned(record)
@@ -138,12 +164,15 @@ class BackgroundJobs:
                 if self._closing:  # its heartbeat stops with this process: another one ends it after the lease
                     logger.warning("saving the end of response %s failed as the server stops: %s", record.id, exc)
                     return False
-                logger.warning("saving the end of response %s failed, trying again: %s", record.id, exc)
+                if not tries:  # once: the store says when it is back
+                    logger.warning("saving the end of response %s failed; trying again every %g s until the store "
+                                   "answers: %s", record.id, RETRY_EVERY, exc)
+                tries += 1
                 await asyncio.sleep(RETRY_EVERY)
 
     async def _follow(self, run: ResponseRun) -> None:
         """Generate, saving the progress on each finished item and at least every PROGRESS_EVERY seconds."""
-        saved = time.monotonic()
+        saved, failing = time.monotonic(), False
         async with contextlib.aclosing(run.batches()) as batches:  # leaving early aborts the engine request
             async for batch in batches:
                 last = batch[-1] if batch else None
@@ -158,10 +187,14 @@ class BackgroundJobs:
                     try:
                         owned = await self._store.save_owned(record)
                     except StoreUnavailable as exc:  # the database is away: generation goes on, a later save lands
-                        logger.warning("saving the progress of response %s failed: %s", run.id, exc)
+                        if not failing:
+                            logger.warning("saving the progress of response %s failed (kept for a later save): %s",
+                                           run.id, exc)
+                        failing = True
                         continue
                     if not owned:
                         raise _Lost
+                    failing = False
                     run.saved(record)
 
     async def _watch(self) -> None:
@@ -179,9 +212,16 @@ class BackgroundJobs:
                     if loop.time() - renewed >= self._lease / 5:
                         await self._store.renew()
                         renewed = loop.time()
-                if loop.time() - swept >= self._lease / 2:
+                if loop.time() - swept >= self._lease / 10:
                     await self.sweep()
                     swept = loop.time()
+                if self._store_down:
+                    logger.info("background jobs: the store answers again")
+                    self._store_down = False
+            except StoreUnavailable as exc:  # one line when it starts, not one a poll
+                if not self._store_down:
+                    logger.warning("background jobs wait for the store: %s", exc)
+                    self._store_down = True
             except Exception:  # a busy or failing disk must not end the watch
                 logger.exception("watching background responses failed")
 

@@ -13,7 +13,7 @@ from proxy.disconnect import unless_disconnected
 from proxy.engines.base import GenerationRequest
 from proxy.errors import APIError, invalid_request
 from proxy.generation import parsed_events
-from proxy.ids import new_id
+from proxy.ids import checked_id, new_id
 from proxy.options import generation_request, routing_hints
 from proxy.outcome import Outcome
 from proxy.responses.agent_messages import ArgumentSealer
@@ -207,7 +207,7 @@ async def _tool_loop(state: ServerState, parsed: ResponsesRequest, history: list
 
 async def retrieve_response(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
-    response_id = request.path_params["response_id"]
+    response_id = _response_id(request)
     if request.query_params.get("stream") in ("true", "1"):
         after = starting_after(request.query_params)
         if not (await _stored(state, response_id)).resource.get("background"):
@@ -222,7 +222,7 @@ async def retrieve_response(request: Request) -> Response:
 
 async def delete_response(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
-    response_id = request.path_params["response_id"]
+    response_id = _response_id(request)
     record = await _stored(state, response_id)
     if state.jobs and record.resource["status"] in UNFINISHED:
         await state.jobs.cancel(response_id)  # in whichever process runs it, so that it stops writing
@@ -232,7 +232,7 @@ async def delete_response(request: Request) -> Response:
 
 async def list_input_items(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
-    record = await _stored(state, request.path_params["response_id"])
+    record = await _stored(state, _response_id(request))
     asked = page_query(request.query_params)
     items = record.input_items[::-1] if asked.newest_first else record.input_items
     if asked.after is not None:
@@ -245,7 +245,7 @@ async def list_input_items(request: Request) -> Response:
 
 async def cancel_response(request: Request) -> Response:
     state: ServerState = request.app.state.harmony
-    response_id = request.path_params["response_id"]
+    response_id = _response_id(request)
     record = await _stored(state, response_id)
     if not record.resource.get("background"):
         raise invalid_request("Only background responses can be cancelled.", param="response_id")
@@ -262,6 +262,10 @@ async def _stored(state: ServerState, response_id: str) -> StoredResponse:
     if record is None:
         raise _not_found(response_id)
     return record
+
+
+def _response_id(request: Request) -> str:
+    return checked_id(request.path_params["response_id"], "response_id")
 
 
 def _not_found(response_id: str) -> APIError:
