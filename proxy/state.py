@@ -13,6 +13,7 @@ from proxy.config import ServerConfig
 from proxy.draining import Draining
 from proxy.engines.base import Engine
 from proxy.errors import APIError, model_not_found
+from proxy.responses.request.unseal import Unsealer
 from proxy.responses.sealing import Sealer, sealer_from
 from proxy.responses.transport.jobs import BackgroundJobs
 from proxy.server_tools.allow import McpAllowList
@@ -55,6 +56,10 @@ class ServerState:
         self.tool_servers = ToolServers(self.config.tool_servers)
         self.draining = Draining(self.config.drain_seconds)
         self.sealer = sealer_from(self.config.reasoning_key)
+
+    def unsealer(self) -> Unsealer:
+        """What opens one request's blobs: each once, expanding to no more than the context window."""
+        return Unsealer(self.sealer, self.config.max_model_len)
 
     def check_model(self, model: object) -> None:
         if model != self.config.served_model_name:

@@ -13,6 +13,7 @@ them): what they mean depends on more than each item alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,7 @@ from parsers.continuation import Rendered, extend, first
 from parsers.conversation import Item, ToolCall
 from parsers.render import Renderer
 from proxy.responses.request.parse import ResponsesRequest, conversation_of, prompt_with
-from proxy.responses.sealing import Sealer
+from proxy.responses.request.unseal import Unsealer, off_loop_when_large
 from tools.cache import BoundedCache
 
 MAX_TURNS = 32  # one per named lane (OpenAI allows 32 per connection)
@@ -50,9 +51,10 @@ class Plan:
 
 
 class Turns:
-    def __init__(self, sealer: Sealer | None, max_turns: int = MAX_TURNS, max_tokens: int = MAX_TOKENS) -> None:
-        """`sealer` opens the reasoning blobs of output items (proxy/responses/sealing.py)."""
-        self._sealer = sealer
+    def __init__(self, unsealer: Callable[[], Unsealer], max_turns: int = MAX_TURNS,
+                 max_tokens: int = MAX_TOKENS) -> None:
+        """`unsealer()` opens the reasoning blobs of a response's output items (proxy/responses/sealing.py)."""
+        self._unsealer = unsealer
         self._turns: BoundedCache[str, Turn] = BoundedCache(max_entries=max_turns, max_weight=max_tokens)
 
     def get(self, response_id: Any) -> Turn | None:
@@ -62,7 +64,7 @@ class Turns:
         conversation = plan.conversation
         if conversation is not None and _plain(output) and not _ends_unphased(plan.items):
             calls = dict(plan.calls)
-            conversation = conversation + conversation_of(output, 0, self._sealer, calls)
+            conversation = conversation + conversation_of(output, 0, self._unsealer(), calls)
             rendered = plan.rendered
         else:  # a later turn translates and renders the whole conversation
             conversation, calls, rendered = None, {}, None
@@ -70,23 +72,26 @@ class Turns:
         self._turns.put(response_id, turn, len(rendered.tokens) if rendered is not None else len(turn.items))
 
 
-async def plan(renderer: Renderer, sealer: Sealer | None, request: ResponsesRequest, previous: Turn | None,
+async def plan(renderer: Renderer, unsealer: Unsealer, request: ResponsesRequest, previous: Turn | None,
                history: list[dict[str, Any]], items: list[dict[str, Any]], generate: bool = True) -> Plan:
     """The prompt of `request`: extending `previous` when it can, else rendered in full (the renderer's piece
     cache still spares re-encoding what it rendered before). `generate: false` (a pre-warm) may hold
-    instructions alone."""
+    instructions alone. `unsealer` opens this request's blobs (a 400 past the context window)."""
     if request.hosted or not _plain(items):  # the tool loop, or items of more than themselves: routes.py renders
         return Plan(history, items, None, {}, None)
     if previous is not None and previous.conversation is not None and previous.rendered is not None:
         calls = dict(previous.calls)
-        conversation = previous.conversation + conversation_of(items, 0, sealer, calls)
+        added = await off_loop_when_large(items, lambda: conversation_of(items, 0, unsealer, calls))
+        conversation = previous.conversation + added
         rendered = await extend(renderer, previous.rendered, prompt_with(request, conversation, generate))
         if rendered is not None:
             return Plan(history, items, conversation, calls, rendered, extended=True)
     if not _plain(history):
         return Plan(history, items, None, {}, None)
     calls = {}
-    conversation = conversation_of(history + items, len(history), sealer, calls)
+    everything = history + items
+    conversation = await off_loop_when_large(everything, lambda: conversation_of(everything, len(history), unsealer,
+                                                                                 calls))
     prompt = prompt_with(request, conversation, generate)
     return Plan(history, items, conversation, calls, await first(renderer, prompt,
                                                                  await renderer.render_off_loop(prompt)))

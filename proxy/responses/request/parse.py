@@ -28,12 +28,12 @@ from proxy.errors import APIError, invalid_request
 from proxy.ids import new_id
 from proxy.options import GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
-from proxy.responses.compaction_items import SUMMARY_HEADING, kept_before_compaction, latest_compaction, summary_text
+from proxy.responses.compaction_items import SUMMARY_HEADING, kept_before_compaction, latest_compaction
 from proxy.responses.output.server_items import ID_PREFIXES, ServerItems
 from proxy.responses.request.client_tools import CLIENT_TOOL_TYPES, read_client_tools
 from proxy.responses.request.hosted_request import MAX_SERVER_TOOLS, HostedRequest, split_server_tools
 from proxy.responses.request.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
-from proxy.responses.sealing import Sealer
+from proxy.responses.request.unseal import Unsealer, off_loop_when_large
 from proxy.store.base import ResponseStore
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
 from tools.cache import ToolCatalog
@@ -240,10 +240,12 @@ def conversation_not_found(conversation_id: str) -> APIError:
                     code="not_found")
 
 
-def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]],
-               sealer: Sealer) -> Prompt:
-    """The conversation to render; `sealer` opens the encrypted_content of reasoning items."""
-    return prompt_with(request, conversation_of(history + items, len(history), sealer))
+async def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]],
+                     unsealer: Unsealer) -> Prompt:
+    """The conversation to render; `unsealer` opens the encrypted_content of reasoning and compaction items."""
+    everything = history + items
+    conversation = await off_loop_when_large(everything, lambda: conversation_of(everything, len(history), unsealer))
+    return prompt_with(request, conversation)
 
 
 def prompt_with(request: ResponsesRequest, conversation: list[Item], generate: bool = True) -> Prompt:
@@ -315,10 +317,11 @@ def _normalize(item: Any, where: str) -> dict[str, Any]:
     return {"id": item.get("id") or new_id(_ID_PREFIX[kind]), **{key: item[key] for key in item if key != "id"}}
 
 
-def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Sealer | None,
+def conversation_of(items: list[dict[str, Any]], first_input: int, unsealer: Unsealer | None,
                     calls: dict[str, ToolCall] | None = None) -> list[Item]:
-    """Items (history from `first_input` on: the new input) as the conversation the renderer reads; `sealer`
-    opens reasoning blobs. `calls` (by call id) holds the calls of earlier items; the new calls are added to it."""
+    """Items (history from `first_input` on: the new input) as the conversation the renderer reads; `unsealer`
+    opens blobs (a 400 past the context window). `calls` (by call id) holds the calls of earlier items; the new
+    calls are added to it."""
     conversation: list[Item] = []
     calls = {} if calls is None else calls
     server_items = ServerItems(items)
@@ -335,7 +338,8 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
                                                   _namespace(item, where))
             continue
         if kind == "compaction":
-            summary = summary_text(item, sealer) if position == compaction else None
+            blob = item.get("encrypted_content") or ""
+            summary = unsealer.summary(blob, where) if position == compaction and unsealer is not None else None
             if summary is not None:
                 conversation.append(UserMessage(SUMMARY_HEADING + summary))
         elif kind == "compaction_trigger":
@@ -350,7 +354,7 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
             elif text:
                 conversation.append(AssistantMessage(text, preamble=_is_preamble(items, position)))
         elif kind == "reasoning":
-            reasoning = _reasoning(item, sealer if position > last_user else None)
+            reasoning = _reasoning(item, unsealer if position > last_user else None, where)
             if reasoning is not None:
                 conversation.append(reasoning)
         elif kind in ("function_call", "custom_tool_call"):
@@ -378,13 +382,13 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
     return conversation
 
 
-def _reasoning(item: dict[str, Any], sealer: Sealer | None) -> Reasoning | None:
+def _reasoning(item: dict[str, Any], unsealer: Unsealer | None, where: str) -> Reasoning | None:
     """The analysis a reasoning item stands for: from its blob when it opens (token for token as generated),
     else from its content or summary text; None when it has neither."""
     parts = item.get("content") or item.get("summary") or []
     text = "\n\n".join(part["text"] for part in parts if part.get("text"))
     blob = item.get("encrypted_content")
-    sealed = sealer.open_reasoning(blob) if blob and sealer is not None else None
+    sealed = unsealer.reasoning(blob, where) if blob and unsealer is not None else None
     if sealed is not None:
         return Reasoning(sealed.text or text, sealed.tokens)
     return Reasoning(text) if text else None

@@ -104,7 +104,7 @@ async def new_run(state: ServerState, parsed: ResponsesRequest, history: list[di
     else:
         if prompt is None:
             prompt = await state.renderer.render_off_loop(
-                prompt_for(parsed, history, [*items, *leading], state.sealer))
+                await prompt_for(parsed, history, [*items, *leading], state.unsealer()))
         engine_request = _generation(state, parsed, response_id, prompt, _hints(headers, parsed))
         outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
         output = _output(state, parsed, leading=leading)
@@ -185,7 +185,7 @@ async def _tool_loop(state: ServerState, parsed: ResponsesRequest, history: list
                         parsed.constraint(), config.max_model_len)
 
         async def render(ran: list[dict[str, Any]]) -> list[int]:
-            prompt = prompt_for(parsed, history, [*items, *ran], state.sealer)
+            prompt = await prompt_for(parsed, history, [*items, *ran], state.unsealer())
             prompt.builtin_tools, prompt.namespaces = tuple(sorted(hosted.builtin)), hosted.namespaces
             return await state.renderer.render_off_loop(prompt)
 

@@ -58,7 +58,7 @@ class ResponsesConnection:
         self._state = state
         self._lifetime = lifetime
         self._id = request_id_from(websocket.scope["headers"])
-        self._turns = turns.Turns(state.sealer)
+        self._turns = turns.Turns(state.unsealer)
         self._tasks: set[asyncio.Task[None]] = set()  # responses active or waiting in their lane
         self._lanes: dict[str | None, asyncio.Task[None]] = {}  # each lane's last response
         self._by_id: dict[str, asyncio.Task[None]] = {}
@@ -173,7 +173,7 @@ class ResponsesConnection:
             previous = self._turns.get(parsed.body.get("previous_response_id"))
             history, items = await resolve(parsed, state.responses, previous.items if previous else None)
             offer_earlier_tools(parsed, history, items, state.renderer.tools)
-            plan = await turns.plan(state.renderer, state.sealer, parsed, previous, history, items, generate)
+            plan = await turns.plan(state.renderer, state.unsealer(), parsed, previous, history, items, generate)
             prompt = plan.rendered.tokens if plan.rendered is not None else None
             if generate:
                 run = await new_run(state, parsed, history, items, self._socket.headers, prompt=prompt)
