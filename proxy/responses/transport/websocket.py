@@ -11,7 +11,9 @@ Each create gets its own request record (request id `<connection id>.<n>`, metri
 `WS`). A failure before a response starts is an `error` event in OpenAI's shape, with `status`; after it, the
 response fails as over SSE. `response.cancel` (`response_id`) stops a response, which ends with
 `response.cancelled`; the client leaving cancels every response of the connection. Pings are uvicorn's
-(`--ws-ping-interval`, `--ws-ping-timeout`): a peer that stops answering them is closed.
+(`--ws-ping-interval`, `--ws-ping-timeout`): a peer that stops answering them is closed. A connection with no
+message being handled and no response running tells the server's connection guard it is idle: at
+`--max-connections` it may be shed for a new client (proxy/server/connections.py).
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ MAX_ACTIVE = 16
 MAX_LANES = 32
 LIFETIME_SECONDS = 3600.0
 ROUTE = "/v1/responses"
+# The ASGI scope extension through which a connection says whether it is idle: `{"idle": callable(bool)}`,
+# given by the server's connection guard (proxy/server/connections.py) where it runs.
+IDLE_EXTENSION = "harmony.idle"
 
 
 async def responses_socket(websocket: WebSocket) -> None:
@@ -66,6 +71,9 @@ class ResponsesConnection:
         self._count = 0
         self._expired = False
         self._closed = False
+        extension = (websocket.scope.get("extensions") or {}).get(IDLE_EXTENSION) or {}
+        self._idle = extension.get("idle") or (lambda idle: None)  # sheddable at the cap when idle
+        self._handling = False  # a message is being handled
 
     async def serve(self) -> None:
         await self._socket.accept(subprotocol=_subprotocol(self._socket.scope.get("subprotocols") or []),
@@ -73,7 +81,11 @@ class ResponsesConnection:
         timer = asyncio.get_running_loop().call_later(self._lifetime, self._expire)
         try:
             while True:
+                self._handling = False
+                self._report_idle()
                 message = await self._socket.receive()
+                self._handling = True
+                self._report_idle()
                 if message["type"] == "websocket.disconnect":
                     break
                 await self._handle(message.get("text") or (message.get("bytes") or b"").decode("utf-8", "replace"))
@@ -137,10 +149,14 @@ class ResponsesConnection:
     def _done(self, stream_id: str | None, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._cancelled.discard(task)
+        self._report_idle()
         if self._lanes.get(stream_id) is task:
             del self._lanes[stream_id]
         if self._expired and not self._tasks and not self._closed:
             asyncio.get_running_loop().create_task(self._close_expired())
+
+    def _report_idle(self) -> None:
+        self._idle(not self._tasks and not self._handling and not self._closed)
 
     async def _cancel(self, data: dict[str, Any]) -> None:
         task = self._by_id.get(data.get("response_id"))  # type: ignore[arg-type]
