@@ -63,7 +63,7 @@ class ResponsesConnection:
         self._state = state
         self._lifetime = lifetime
         self._id = request_id_from(websocket.scope["headers"])
-        self._turns = turns.Turns(state.unsealer)
+        self._turns = turns.Turns(state.unsealer, state.turn_memory)
         self._tasks: set[asyncio.Task[None]] = set()  # responses active or waiting in their lane
         self._lanes: dict[str | None, asyncio.Task[None]] = {}  # each lane's last response
         self._by_id: dict[str, asyncio.Task[None]] = {}
@@ -98,6 +98,7 @@ class ResponsesConnection:
                 task.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._turns.close()  # their bytes go back to the server's budget
 
     async def _handle(self, text: str) -> None:
         try:
