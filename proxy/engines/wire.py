@@ -19,7 +19,7 @@ import json
 import struct
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from proxy.engines.base import (
@@ -95,8 +95,8 @@ def hello_frame(engine_name: str) -> bytes:
 def request_frame(handle: int, request: GenerationRequest) -> bytes:
     fields = json.dumps({
         "request_id": request.request_id,
-        "sampling": asdict(request.sampling),
-        "constraint": asdict(request.constraint),
+        "sampling": _fields(request.sampling),
+        "constraint": _fields(request.constraint),
         "routing_hints": request.routing_hints,
         "trace_headers": request.trace_headers,
     }, separators=(",", ":")).encode()
@@ -149,9 +149,19 @@ def read_request(payload: bytes) -> GenerationRequest:
         raise ProtocolError(f"not a request of this protocol: {exc!r}"[:300]) from None
 
 
-def _tool(fields: dict[str, Any]) -> FunctionTool:
-    freeform = fields.get("freeform")
-    return FunctionTool(**{**fields, "freeform": Freeform(**freeform) if freeform is not None else None})
+def _fields(value: Any) -> Any:
+    """A dataclass as a dict of its fields, nested ones too; JSON values (a tool's schema) as they are, not copied
+    (dataclasses.asdict copies them: most of the cost of a request with tools)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _fields(getattr(value, field.name)) for field in fields(value)}
+    if isinstance(value, tuple):
+        return [_fields(item) for item in value]
+    return value
+
+
+def _tool(body: dict[str, Any]) -> FunctionTool:
+    freeform = body.get("freeform")
+    return FunctionTool(**{**body, "freeform": Freeform(**freeform) if freeform is not None else None})
 
 
 def _string(value: Any) -> str:
