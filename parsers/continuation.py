@@ -26,7 +26,7 @@ class Rendered:
     """A rendered prompt and what a continuation needs to extend it. Never changed once made: a continuation
     builds a new token list, so two turns may continue the same one."""
 
-    tokens: list[int]  # the whole prompt, ending with `<|start|>assistant`
+    tokens: Sequence[int]  # the whole prompt, ending with `<|start|>assistant`: a list, or an array('I') kept
     items: tuple[Item, ...]  # the conversation after its leading instructions, hidden items included
     header: tuple[Hashable, ...]  # what the system and developer messages depend on
     last_user: int  # index in `items` of the last user message; -1 when there is none
@@ -69,12 +69,12 @@ async def extend(renderer: Renderer, previous: Rendered, prompt: Prompt) -> Rend
         loop_open = not any(map(_is_final, rest[last_user + 1:]))
     if last_user == previous.last_user and loop_open == previous.loop_open:
         # Every item rendered before keeps its place and visibility: append the new ones.
-        body = previous.tokens[:previous.body_end]
+        body = list(previous.tokens[:previous.body_end])  # a kept turn holds an array('I')
         body += await renderer.render_items([item for item in new if loop_open or not is_analysis(item)])
         tail_start = previous.tail_start
     else:
         # The current user turn's reasoning is hidden now: render that turn again (its pieces are cached).
-        body = previous.tokens[:previous.tail_start]
+        body = list(previous.tokens[:previous.tail_start])
         body += await renderer.render_items(
             [item for item in rest[previous.last_user + 1:last_user + 1] if not is_analysis(item)])
         tail_start = len(body)

@@ -33,6 +33,8 @@ class ServerConfig:
     # The secret sealed blobs (encrypted_content) are keyed from (--reasoning-key); None: a random key per start.
     reasoning_key: str | None = field(default=None, repr=False)
     ws_lifetime: float = 3600.0  # seconds a Responses WebSocket connection lasts (OpenAI's 60 minutes)
+    # Bytes the turns of all WebSocket connections may hold (proxy/responses/turns.py; --ws-turns-memory, in MiB)
+    ws_turns_memory: int = 1 << 30
 
     @property
     def prompt_limit(self) -> int:

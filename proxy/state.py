@@ -13,8 +13,10 @@ from proxy.config import ServerConfig
 from proxy.draining import Draining
 from proxy.engines.base import Engine
 from proxy.errors import APIError, model_not_found
+from proxy.responses.request.unseal import Unsealer
 from proxy.responses.sealing import Sealer, sealer_from
 from proxy.responses.transport.jobs import BackgroundJobs
+from proxy.responses.turns import TurnMemory
 from proxy.server_tools.allow import McpAllowList
 from proxy.server_tools.builtin import ToolServers
 from proxy.server_tools.tool_cache import ToolListCache
@@ -41,6 +43,7 @@ class ServerState:
     tool_servers: ToolServers = field(init=False)  # gpt-oss's built-in tools, run by --tool-server MCP servers
     mcp_tool_lists: ToolListCache = field(init=False, default_factory=ToolListCache)  # across response chains
     sealer: Sealer = field(init=False)  # seals and opens encrypted_content (reasoning, compaction)
+    turn_memory: TurnMemory = field(init=False)  # what WebSocket connections remember, all together
     started_at: int = field(default_factory=lambda: int(time.time()))
     draining: Draining = field(init=False)  # SIGTERM: not ready, then shut down (proxy/draining.py)
 
@@ -55,6 +58,11 @@ class ServerState:
         self.tool_servers = ToolServers(self.config.tool_servers)
         self.draining = Draining(self.config.drain_seconds)
         self.sealer = sealer_from(self.config.reasoning_key)
+        self.turn_memory = TurnMemory(self.config.ws_turns_memory)
+
+    def unsealer(self) -> Unsealer:
+        """What opens one request's blobs: each once, expanding to no more than the context window."""
+        return Unsealer(self.sealer, self.config.max_model_len)
 
     def check_model(self, model: object) -> None:
         if model != self.config.served_model_name:

@@ -24,14 +24,19 @@ CAP = 40
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from serve_process(tmp_path_factory.mktemp("connections"), "--request-head-timeout", "1",
+                             "--request-body-timeout", "1.5", "--keep-alive-timeout", "0.5", "--max-connections",
+                             str(CAP))
+
+
+def serve_process(folder: Path, *options: str) -> Iterator[str]:
+    """The CLI's server with the mock engine, its URL until the generator is closed."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    folder = tmp_path_factory.mktemp("connections")
     log = folder / "server.log"
     command = [sys.executable, "-m", "proxy", "serve", "--engine", "mock", "--host", "127.0.0.1", "--port", str(port),
-               "--no-store", "--token-delay-ms", "40", "--request-head-timeout", "1", "--request-body-timeout", "1.5",
-               "--keep-alive-timeout", "0.5", "--max-connections", str(CAP)]
+               "--no-store", "--token-delay-ms", "40", *options]
     with log.open("ab") as output:
         process = subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output)
     url = f"http://127.0.0.1:{port}"
@@ -45,9 +50,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except httpx.TransportError:
             pass
         time.sleep(0.05)
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def connect(url: str) -> socket.socket:
@@ -151,3 +158,45 @@ def test_a_websocket_idle_longer_than_every_timeout_stays_open(server: str) -> N
             return types
 
     assert asyncio.run(session()) == ["response.completed", "response.completed"]
+
+
+def test_idle_websockets_are_shed_like_idle_keep_alive_connections(tmp_path: Path) -> None:
+    """64 upgraded connections with nothing in flight, answering the server's pings, at `--max-connections 64`:
+    before, every new /health was a 503. Now the idle WebSockets that waited longest are closed (1013, try again
+    later) for new clients; one with a response running is never shed."""
+    cap = 64
+    processes = serve_process(tmp_path, "--max-connections", str(cap), "--ws-ping-interval", "0.2")
+    server = next(processes)
+    url = server.replace("http://", "ws://") + "/v1/responses"
+    story = {"type": "response.create", "model": MODEL, "input": "tell me a long story " * 10, "store": False}
+
+    async def session() -> tuple[list[int], list[int | None], str]:
+        busy = await websockets.connect(url)
+        await busy.send(json.dumps(story))
+        assert json.loads(await asyncio.wait_for(busy.recv(), 20))["type"] == "response.created"
+        idle = [await websockets.connect(url) for _ in range(cap - 1)]
+        await asyncio.sleep(0.5)  # pings sent and answered meanwhile
+        statuses = []
+        async with httpx.AsyncClient(base_url=server, timeout=10) as client:
+            for _ in range(5):
+                statuses.append((await client.get("/health")).status_code)
+            for _ in range(3):
+                answer = await client.post("/v1/responses", json={"model": MODEL, "input": "hi", "store": False})
+                statuses.append(answer.status_code)
+        await asyncio.sleep(0.2)
+        codes = [socket_.close_code for socket_ in idle]
+        while (event := json.loads(await asyncio.wait_for(busy.recv(), 30)))["type"] != "response.completed":
+            pass
+        for socket_ in [busy, *idle]:
+            await socket_.close()
+        return statuses, codes, event["type"]
+
+    try:
+        statuses, codes, last = asyncio.run(session())
+    finally:
+        processes.close()
+    assert statuses == [200] * 8
+    shed = [code for code in codes if code is not None]
+    assert shed and set(shed) == {1013}
+    assert codes[-cap // 2:] == [None] * (cap // 2)  # the oldest idle ones went first
+    assert last == "response.completed"  # the connection with a response running was kept

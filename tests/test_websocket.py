@@ -439,9 +439,9 @@ def test_admission_refuses_over_websocket_as_over_http(serve: Callable[..., Live
 
 
 def test_a_connection_keeps_a_bounded_number_of_turns(vocab: Any) -> None:
-    from proxy.responses.turns import Plan, Turns
+    from proxy.responses.turns import Plan, TurnMemory, Turns
 
-    kept = Turns(None, max_turns=2)
+    kept = Turns(None, TurnMemory(), max_turns=2)  # type: ignore[arg-type]  # nothing to unseal
     for number in range(3):
         kept.remember(f"resp_{number}", Plan([], [{"type": "message", "role": "user", "content": []}], None, {}, None),
                       [])

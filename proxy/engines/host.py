@@ -181,7 +181,7 @@ class _Connection(asyncio.Protocol):
 
 
 def _listening_socket(path: str) -> socket.socket:
-    """A socket bound at `path`, readable by this user only (requests arrive pickled), not yet listening."""
+    """A socket bound at `path`, readable by this user only, not yet listening."""
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.stat(path).st_mode):
             os.unlink(path)  # left by a host that died; a live one would be a supervisor's mistake

@@ -5,6 +5,11 @@ tokens), so it is built once, lazily, by whoever first needs it (off the event l
 A grammar compiles in 5 to 50 ms; the compiled matcher is kept by the grammar's key and each request gets a
 copy (`deep_copy`, far cheaper than compiling), so agent loops that resend the same tools compile once.
 
+A client's grammar (a JSON Schema, a Lark or regex tool format) is compiled under llguidance's own limits
+(`LIMITS`): its first mask, where the lexer is built, is computed with the compile, in the worker thread, and a
+grammar past the limits is a GrammarError (a 400) rather than seconds of work: `pattern: "^a{200000}$"` took
+0.3 to 29 s to build with llguidance's defaults, 0.3 s under these; an enum of 20,000 values is refused.
+
 The tokenizer's EOS is `<|return|>`: llguidance allows EOS exactly where the grammar is complete, which is how
 a final answer ends (see `tools.grammar`). `<|call|>` stays an ordinary token the grammar names.
 """
@@ -24,6 +29,11 @@ from tools.cache import BoundedCache, CacheStats
 from tools.grammar import OutputGrammar
 
 logger = logging.getLogger("harmony_proxy.grammar")
+
+# llguidance.LLParserLimits: regex analysis while the lexer is built (~50k a ms; its default 1M), per-mask lexer
+# work (~14k a ms; 200k), lexer states (1 to 2 kB each; 250k) and grammar symbols (500k).
+LIMITS = {"initial_lexer_fuel": 200_000, "step_lexer_fuel": 50_000, "max_lexer_states": 20_000,
+          "max_grammar_size": 200_000}
 
 
 class GrammarError(ValueError):
@@ -61,7 +71,9 @@ class GrammarMatchers:
 
     def _compile(self, grammar: OutputGrammar) -> llguidance.LLMatcher:
         compiled = llguidance.LLMatcher(self.tokenizer(), llguidance.LLMatcher.grammar_from_lark(grammar.lark),
-                                        log_level=0)
+                                        log_level=0, limits=llguidance.LLParserLimits(**LIMITS))
+        if not compiled.is_error():
+            compiled.compute_bitmask()  # builds the lexer: the compile's cost, bounded by LIMITS
         if compiled.is_error():
             raise GrammarError(compiled.get_error())
         warnings = compiled.get_grammar_warnings()

@@ -23,9 +23,9 @@ import re
 import llguidance
 
 from parsers.vocab import Vocab
-from proxy.engines.base import GenerationRequest
+from proxy.engines.base import EngineError, GenerationRequest
 from proxy.engines.declared_tools import declared_tools
-from proxy.engines.matcher import GrammarMatchers
+from proxy.engines.matcher import GrammarError, GrammarMatchers
 from proxy.engines.playback import PlaybackEngine
 from tools.arguments import example_arguments
 from tools.definitions import FunctionTool, ResponseFormat
@@ -64,7 +64,11 @@ class MockModel:
         """`write`, in a worker thread when a grammar is to be compiled and followed (milliseconds of work)."""
         if request.constraint.grammar is None:
             return self.write(request)
-        return await asyncio.to_thread(self.write, request)
+        try:
+            return await asyncio.to_thread(self.write, request)
+        except GrammarError as exc:  # past llguidance's limits (matcher.py): the client's grammar, a 400
+            raise EngineError(f"The output grammar cannot be compiled within this server's limits: {exc}"[:500],
+                              status=400, code="invalid_grammar") from None
 
     def write(self, request: GenerationRequest) -> list[int]:
         """The completion's token ids, under the request's grammar if it has one."""

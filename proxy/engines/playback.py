@@ -89,6 +89,8 @@ class PlaybackEngine:
         try:
             written = self._author(request)
             tokens = await written if inspect.isawaitable(written) else written
+        except EngineError:  # the author's own, with its status (the mock's 400 for a grammar past its limits)
+            raise
         except Exception as exc:  # an author that fails is an engine failure, not a server crash
             raise EngineError(f"the {self.name} engine could not produce a completion: {exc}") from exc
         sampling = request.sampling

@@ -3,8 +3,10 @@
 Every frame is a 9-byte header, `payload length, request handle, kind` in native byte order (both ends are on
 one machine), then the payload. A handle numbers one request of one front-end connection, so many requests
 share a connection. The hot path is a step: its token ids as packed 32-bit integers, nothing else. A request
-is a pickle of its `GenerationRequest` (it is sent once, and its tools are nested dataclasses); only the host
-unpickles, and only from front ends of the same user (the socket is mode 0600). Errors travel as JSON.
+is its `GenerationRequest` as JSON (the sampling settings and the output constraint, field by field) followed by
+its prompt as packed 32-bit integers; the host builds it back from those fields alone. Nothing on this wire is
+unpickled or otherwise able to run code, whoever reaches the socket (it is mode 0600 all the same: vLLM's and
+SGLang's remote-code-execution advisories came from pickle on such internal channels). Errors travel as JSON.
 
 Writes are batched: frames go to a buffer that is flushed once per event-loop turn, so the steps of every
 request that advanced in that turn leave in one socket write.
@@ -14,22 +16,34 @@ from __future__ import annotations
 
 import asyncio
 import json
-import pickle
 import struct
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import fields, is_dataclass
+from typing import Any
 
-from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
+from proxy.engines.base import (
+    EngineError,
+    FinishReason,
+    GenerationRequest,
+    OutputConstraint,
+    SamplingParams,
+    Step,
+    Usage,
+)
+from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
+from tools.freeform import Freeform
 
-VERSION = 1
+VERSION = 2  # 1: requests were pickled
 HEADER = struct.Struct("=IIB")  # payload length, handle, kind
 _LAST = struct.Struct("=BBIIi")  # finish reason, has usage, prompt tokens, completion tokens, cached (-1: unknown)
 _TOKEN = struct.Struct("=I")
 _ONE_TOKEN_STEP = struct.Struct("=IIBI")  # the commonest frame whole: header and one token id
+_FIELDS_LENGTH = struct.Struct("=I")  # a request: the length of its JSON fields, which its prompt follows
 MAX_PAYLOAD = 1 << 30
 
 # Front end to host.
-SUBMIT = 1  # payload: a pickled GenerationRequest
+SUBMIT = 1  # payload: a GenerationRequest, its fields as JSON then its prompt token ids
 CANCEL = 2  # the front end closed the request's generator
 HEALTH = 3  # run the engine's check_health
 # Host to front end.
@@ -79,7 +93,15 @@ def hello_frame(engine_name: str) -> bytes:
 
 
 def request_frame(handle: int, request: GenerationRequest) -> bytes:
-    return frame(SUBMIT, handle, pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
+    fields = json.dumps({
+        "request_id": request.request_id,
+        "sampling": _fields(request.sampling),
+        "constraint": _fields(request.constraint),
+        "routing_hints": request.routing_hints,
+        "trace_headers": request.trace_headers,
+    }, separators=(",", ":")).encode()
+    prompt = array("I", request.prompt_token_ids).tobytes()
+    return frame(SUBMIT, handle, _FIELDS_LENGTH.pack(len(fields)) + fields + prompt)
 
 
 def read_tokens(data: bytes, start: int, end: int) -> list[int]:
@@ -101,10 +123,51 @@ def read_error(payload: bytes) -> EngineError:
 
 
 def read_request(payload: bytes) -> GenerationRequest:
-    request = pickle.loads(payload)
-    if not isinstance(request, GenerationRequest):
-        raise ProtocolError(f"expected a GenerationRequest, got {type(request).__name__}")
-    return request
+    """The request a SUBMIT frame carries, built from its fields; ProtocolError for anything else."""
+    try:
+        (length,) = _FIELDS_LENGTH.unpack_from(payload)
+        fields = json.loads(payload[_FIELDS_LENGTH.size:_FIELDS_LENGTH.size + length])
+        with memoryview(payload) as view:
+            prompt = view[_FIELDS_LENGTH.size + length:].cast("I").tolist()
+        sampling, constraint = dict(fields["sampling"]), fields["constraint"]
+        sampling["stop_token_ids"] = tuple(sampling["stop_token_ids"])
+        response_format = constraint["response_format"]
+        return GenerationRequest(
+            _string(fields["request_id"]),
+            prompt,
+            SamplingParams(**sampling),
+            OutputConstraint(
+                tuple(map(_tool, constraint["tools"])),
+                ToolChoice(**constraint["tool_choice"]),
+                ResponseFormat(**response_format) if response_format is not None else None,
+                bool(constraint["parallel_tool_calls"]),
+            ),
+            tuple(map(_string, fields["routing_hints"])),
+            tuple((_string(name), _string(value)) for name, value in fields["trace_headers"]),
+        )
+    except (ValueError, TypeError, KeyError, struct.error) as exc:  # JSON, fields, prompt length
+        raise ProtocolError(f"not a request of this protocol: {exc!r}"[:300]) from None
+
+
+def _fields(value: Any) -> Any:
+    """A dataclass as a dict of its fields, nested ones too; JSON values (a tool's schema) as they are, not copied
+    (dataclasses.asdict copies them: most of the cost of a request with tools)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _fields(getattr(value, field.name)) for field in fields(value)}
+    if isinstance(value, tuple):
+        return [_fields(item) for item in value]
+    return value
+
+
+def _tool(body: dict[str, Any]) -> FunctionTool:
+    freeform = body.get("freeform")
+    return FunctionTool(**{**body, "freeform": Freeform(**freeform) if freeform is not None else None})
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
 
 
 def read_hello(payload: bytes) -> str:

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from proxy.responses.request.content import AGENT_IMAGE_NOTE, noted_image
+from proxy.responses.request.unseal import Unsealer
 from proxy.responses.sealing import AGENT_MESSAGE, Sealer
 from tools.definitions import FunctionTool
 
@@ -71,25 +72,25 @@ class ArgumentSealer:
         return json.dumps(values, ensure_ascii=False, separators=(",", ":")), sealed
 
 
-def call_arguments(item: dict[str, Any], sealer: Sealer | None) -> str:
+def call_arguments(item: dict[str, Any], unsealer: Unsealer | None, where: str) -> str:
     """A function call's arguments as the model wrote them, when a parameter holds a blob sealed here (Codex
     sends the call back without `encrypted_function_args`: the blobs' common prefix finds them), else as sent."""
     arguments = item["arguments"]
-    if sealer is None or sealer.prefix not in arguments:
+    if unsealer is None or unsealer.prefix not in arguments:
         return arguments
     try:
         values = json.loads(arguments)
     except ValueError:
         return arguments
     for value in values.values() if isinstance(values, dict) else ():
-        if isinstance(value, str) and value.startswith(sealer.prefix):
-            payload = sealer.open(AGENT_MESSAGE, value)
+        if isinstance(value, str) and value.startswith(unsealer.prefix):
+            payload = unsealer.agent_message(value, where)
             if payload is not None and isinstance(payload.get("arguments"), str):
                 return payload["arguments"]
     return arguments
 
 
-def agent_message_text(item: dict[str, Any], sealer: Sealer | None, where: str) -> str:
+def agent_message_text(item: dict[str, Any], unsealer: Unsealer | None, where: str) -> str:
     """The text of an `agent_message` item: its text parts, its sealed parts opened, an image as a note."""
     texts = []
     for index, part in enumerate(item["content"]):
@@ -103,7 +104,7 @@ def agent_message_text(item: dict[str, Any], sealer: Sealer | None, where: str) 
         if not _BLOB_CHARACTERS.issuperset(blob):  # no blob: plain text that a server before us let through
             texts.append(blob)
             continue
-        payload = sealer.open(AGENT_MESSAGE, blob) if sealer is not None else None
+        payload = unsealer.agent_message(blob, f"{where}.content[{index}]") if unsealer is not None else None
         text = payload.get("text") if payload is not None else None
         texts.append(text if isinstance(text, str) else UNREADABLE_NOTE)
     return "".join(texts)

@@ -28,13 +28,6 @@ def compaction_item(sealer: Sealer, summary: str) -> dict[str, Any]:
             "encrypted_content": sealer.seal(COMPACTION, {"summary": summary})}
 
 
-def summary_text(item: dict[str, Any], sealer: Sealer) -> str | None:
-    """The summary a compaction item holds; None (logged by the sealer) when its blob does not open."""
-    payload = sealer.open(COMPACTION, item.get("encrypted_content") or "")
-    summary = payload.get("summary") if payload is not None else None
-    return summary if isinstance(summary, str) else None
-
-
 def latest_compaction(items: list[dict[str, Any]]) -> int:
     """The position of the latest compaction item, or -1."""
     return max((position for position, item in enumerate(items) if item["type"] == "compaction"), default=-1)

@@ -43,7 +43,7 @@ async def read_resolved(request: Request, state: ServerState, model_required: bo
 async def rendered_prompt(state: ServerState, parsed: ResponsesRequest, history: list[dict[str, Any]],
                           items: list[dict[str, Any]]) -> list[int]:
     """The prompt the request's first generation would have, server-side tools declared."""
-    prompt = prompt_for(parsed, history, items, state.sealer)
+    prompt = await prompt_for(parsed, history, items, state.unsealer())
     if parsed.hosted:
         sessions = McpSessions(McpLimits(call_timeout=state.config.tool_call_timeout), state.mcp_allow)
         try:

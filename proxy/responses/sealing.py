@@ -10,7 +10,9 @@ A blob is `base64url(version | key id | nonce | ciphertext)`. The associated dat
 version, the key id and the kind of blob (a compaction blob cannot pass as reasoning). The plaintext is a
 zlib-compressed JSON object. A blob that is not ours, was altered, was sealed under another key or by another
 version opens to None, with a warning in the log: the caller falls back on the item's plain text, so a long
-session never fails on an old blob.
+session never fails on an old blob. A few hundred characters may hold tens of thousands of tokens, so a blob is
+decompressed within a limit the caller gives (`TooLarge` past it; proxy/responses/request/unseal.py budgets a
+request's blobs).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ REASONING, COMPACTION, AGENT_MESSAGE = "reasoning", "compaction", "agent_message
 _KEY_ID_BYTES, _NONCE_BYTES = 8, 12
 _HEADER = 1 + _KEY_ID_BYTES + _NONCE_BYTES
 MIN_SECRET_CHARS = 16
+
+
+class TooLarge(Exception):
+    """A blob whose plaintext is longer than the caller allowed: decompression stopped at the limit."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +81,9 @@ class Sealer:
         sealed = self._aead.encrypt(nonce, plain, self._associated(kind, VERSION, self.key_id))
         return base64.urlsafe_b64encode(header + sealed).decode("ascii")
 
-    def open(self, kind: str, blob: str) -> dict[str, Any] | None:
-        """The payload, or None (logged) for a blob that is not one of ours under this key and version."""
+    def open(self, kind: str, blob: str, max_bytes: int | None = None) -> dict[str, Any] | None:
+        """The payload, or None (logged) for a blob that is not one of ours under this key and version.
+        `max_bytes`: the longest plaintext to decompress; a longer one raises TooLarge, having built no more."""
         try:
             raw = base64.urlsafe_b64decode(blob.encode("ascii"))
         except (binascii.Error, UnicodeEncodeError, ValueError):
@@ -90,7 +97,7 @@ class Sealer:
             return _refused(kind, "it was sealed under another key (set the same --reasoning-key on every replica)")
         try:
             plain = self._aead.decrypt(nonce, raw[_HEADER:], self._associated(kind, version, key_id))
-            payload = json.loads(zlib.decompress(plain))
+            payload = json.loads(_decompress(plain, max_bytes))
         except (InvalidTag, zlib.error, ValueError):
             return _refused(kind, "it does not authenticate (altered, or not a blob of this kind)")
         return payload if isinstance(payload, dict) else _refused(kind, "its payload is not an object")
@@ -98,8 +105,8 @@ class Sealer:
     def seal_reasoning(self, tokens: Sequence[int] | None, text: str) -> str:
         return self.seal(REASONING, {"tokens": list(tokens)} if tokens is not None else {"text": text})
 
-    def open_reasoning(self, blob: str) -> SealedReasoning | None:
-        payload = self.open(REASONING, blob)
+    def open_reasoning(self, blob: str, max_bytes: int | None = None) -> SealedReasoning | None:
+        payload = self.open(REASONING, blob, max_bytes)
         if payload is None:
             return None
         tokens = payload.get("tokens")
@@ -111,6 +118,19 @@ class Sealer:
     @staticmethod
     def _associated(kind: str, version: int, key_id: bytes) -> bytes:
         return b"|".join([ISSUER, bytes([version]), key_id, kind.encode()])
+
+
+def _decompress(plain: bytes, max_bytes: int | None) -> bytes:
+    if max_bytes is None:
+        return zlib.decompress(plain)
+    inflater = zlib.decompressobj()
+    data = inflater.decompress(plain, max_bytes + 1)
+    if len(data) > max_bytes:
+        raise TooLarge(f"the blob holds more than {max_bytes} bytes")
+    data += inflater.flush()
+    if not inflater.eof:
+        raise zlib.error("incomplete compressed data")
+    return data
 
 
 def _refused(kind: str, why: str) -> None:

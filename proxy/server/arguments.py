@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="WebSocket (/v1/responses): ping the client this often, keeping idle connections open")
     serve.add_argument("--ws-ping-timeout", type=float, default=20.0, metavar="SECONDS",
                        help="WebSocket: close a connection whose client has not answered a ping within this")
+    serve.add_argument("--ws-turns-memory", type=int, default=1024, metavar="MiB",
+                       help="WebSocket: memory the turns remembered by all connections of a process may hold "
+                            "together (each connection at most 16 MiB); the least recently used go first; "
+                            "default %(default)s")
     serve.add_argument("--log-level", "--log_level", default="info", choices=("debug", "info", "warning", "error"),
                        help="the lowest level logged")
     serve.add_argument("--log-format", choices=LOG_FORMATS, default="text",

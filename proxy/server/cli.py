@@ -155,15 +155,17 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
         # uvloop that accepts every waiting connection (proxy/server/listener.py)
         loop = "proxy.server.listener:new_event_loop"
     limits = connection_limits(args)
-    if http == "httptools":
-        http = ConnectionGuard(limits).protocol  # closes slow and idle connections (proxy/server/connections.py)
+    ws: Any = "websockets-sansio"
+    if http == "httptools":  # closes slow and idle connections, WebSockets too (proxy/server/connections.py)
+        guard = ConnectionGuard(limits)
+        http, ws = guard.protocol, guard.websocket_protocol
     return {"host": args.host, "port": args.port, "loop": loop, "http": http, "log_config": None,
             "log_level": args.log_level, "timeout_graceful_shutdown": args.shutdown_timeout,
             "timeout_keep_alive": limits.keep_alive_timeout,
             "access_log": False,  # ours (proxy/telemetry/access_log.py) has the request id, tokens and timings
             # WebSocket (proxy/responses/transport/websocket.py): the websockets library, its pings, and a message as
             # large as an HTTP body may be (a larger one closes the connection with 1009).
-            "ws": "websockets-sansio", "ws_ping_interval": args.ws_ping_interval,
+            "ws": ws, "ws_ping_interval": args.ws_ping_interval,
             "ws_ping_timeout": args.ws_ping_timeout, "ws_max_size": MAX_BODY_BYTES}
 
 

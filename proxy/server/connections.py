@@ -12,9 +12,12 @@ locked out. Each connection here has a deadline while it owes the server somethi
 Once the request is in, the server owes the client: a stream may last as long as generation takes. And when
 `--max-connections` are open, a new connection sheds the one that has waited longest without a request in flight,
 so idle sockets go before any new client is refused (a 503, only when every connection is serving a request).
+An upgraded WebSocket with no response in flight is idle too, whatever pings it answers (every client library
+does): the application says when it is (`IDLE_EXTENSION`), and a shed one is closed with 1013, "try again later".
 
 This is uvicorn's HTTP protocol (its `http` setting takes a protocol class) with deadlines at the points where its
-parser reports a head, a body and a response complete. The guard of one server process knows its connections.
+parser reports a head, a body and a response complete, and its WebSocket protocol (its `ws` setting) with the idle
+state. The guard of one server process knows its connections.
 """
 
 from __future__ import annotations
@@ -26,12 +29,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.http11 import Request
+
+from proxy.responses.transport.websocket import IDLE_EXTENSION
 
 logger = logging.getLogger("harmony_proxy")
 
 # Descriptors kept for what is not a client connection: the store, the engine, upstream and MCP clients, logs.
 _RESERVED_DESCRIPTORS = 64
 _REFUSAL_BODY = b'{"error":{"message":"Too many open connections.","type":"server_error","param":null,"code":null}}'
+_TRY_AGAIN_LATER = 1013
 _REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
             b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_REFUSAL_BODY), _REFUSAL_BODY))
 
@@ -70,11 +78,16 @@ class ConnectionGuard:
 
     def __init__(self, limits: ConnectionLimits) -> None:
         self.limits = limits
-        self._waiting: dict[GuardedHttpToolsProtocol, None] = {}  # insertion order: longest waiting first
+        # Connections that may be shed, insertion order: longest waiting first.
+        self._waiting: dict[GuardedHttpToolsProtocol | GuardedWebSocketProtocol, None] = {}
 
     def protocol(self, **uvicorn_arguments: Any) -> GuardedHttpToolsProtocol:
         """uvicorn's `http` setting: it calls this with its config and server state for each connection."""
         return GuardedHttpToolsProtocol(guard=self, **uvicorn_arguments)
+
+    def websocket_protocol(self, **uvicorn_arguments: Any) -> GuardedWebSocketProtocol:
+        """uvicorn's `ws` setting: the protocol of each upgraded connection."""
+        return GuardedWebSocketProtocol(guard=self, **uvicorn_arguments)
 
     def __getstate__(self) -> dict[str, Any]:  # sent to each --workers process: its own guard, no connections
         return {"limits": self.limits}
@@ -94,7 +107,7 @@ class ConnectionGuard:
         oldest.close_waiting()
         return True
 
-    def waiting(self, connection: GuardedHttpToolsProtocol, waits: bool) -> None:
+    def waiting(self, connection: GuardedHttpToolsProtocol | GuardedWebSocketProtocol, waits: bool) -> None:
         if waits:
             self._waiting[connection] = None
         else:
@@ -169,3 +182,34 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             logger.debug("closing a connection from %s: %s did not arrive in time", self.client, owed)
             self.transport.close()
+
+
+class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol (websockets, sans I/O), sheddable while the application says it is idle."""
+
+    def __init__(self, *, guard: ConnectionGuard, **uvicorn_arguments: Any) -> None:
+        super().__init__(**uvicorn_arguments)
+        self._guard = guard
+
+    def handle_connect(self, event: Request) -> None:
+        super().handle_connect(event)
+        if self.response.status_code == 101:  # accepted: the application may now say when it is idle
+            self.scope["extensions"][IDLE_EXTENSION] = {"idle": self.idle}  # type: ignore[index]
+
+    def idle(self, idle: bool) -> None:
+        self._guard.waiting(self, idle and not self.close_sent and not self.disconnected)
+
+    def close_waiting(self) -> None:
+        """Shed: a close frame (1013: try again later), then the socket; counted as closed now."""
+        self._guard.waiting(self, False)
+        self.connections.discard(self)
+        if not self.close_sent:
+            self.close_sent = True
+            self.conn.send_close(_TRY_AGAIN_LATER, "the server is at its connection limit")
+            self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._guard.waiting(self, False)
+        self.connections.add(self)  # uvicorn's removes it, and a shed connection was counted as closed already
+        super().connection_lost(exc)

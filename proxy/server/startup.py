@@ -230,6 +230,7 @@ def server_config(args: argparse.Namespace, engine_name: str, engine_model: str 
         max_tool_calls=_at_least("--max-tool-calls", args.max_tool_calls, 1),
         tool_call_timeout=_at_least("--tool-call-timeout", args.tool_call_timeout, 0.001),
         reasoning_key=_reasoning_key(args.reasoning_key),
+        ws_turns_memory=_at_least("--ws-turns-memory", args.ws_turns_memory, 1) << 20,
     )
 
 

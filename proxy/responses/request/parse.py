@@ -29,14 +29,14 @@ from proxy.ids import checked_id, new_id
 from proxy.options import HARMONY_EFFORT, GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
 from proxy.responses.agent_messages import agent_message_text, call_arguments
-from proxy.responses.compaction_items import SUMMARY_HEADING, kept_before_compaction, latest_compaction, summary_text
+from proxy.responses.compaction_items import SUMMARY_HEADING, kept_before_compaction, latest_compaction
 from proxy.responses.output.server_items import ID_PREFIXES, ServerItems
 from proxy.responses.request.client_tools import CLIENT_TOOL_TYPES, read_client_tools
 from proxy.responses.request.configuration import Settings, configured_settings
 from proxy.responses.request.content import TEXT_PARTS, message_text, output_text
 from proxy.responses.request.hosted_request import MAX_SERVER_TOOLS, HostedRequest, split_server_tools
 from proxy.responses.request.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
-from proxy.responses.sealing import Sealer
+from proxy.responses.request.unseal import Unsealer, off_loop_when_large
 from proxy.store.base import ResponseStore
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
 from tools.cache import ToolCatalog
@@ -275,10 +275,13 @@ def conversation_not_found(conversation_id: str) -> APIError:
                     code="not_found")
 
 
-def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]],
-               sealer: Sealer, generate: bool = True) -> Prompt:
-    """The conversation to render; `sealer` opens the encrypted_content of reasoning items."""
-    return prompt_with(request, conversation_of(history + items, len(history), sealer), generate)
+async def prompt_for(request: ResponsesRequest, history: list[dict[str, Any]], items: list[dict[str, Any]],
+                     unsealer: Unsealer, generate: bool = True) -> Prompt:
+    """The conversation to render; `unsealer` opens the encrypted_content of reasoning, compaction and agent-message
+    items."""
+    everything = history + items
+    conversation = await off_loop_when_large(everything, lambda: conversation_of(everything, len(history), unsealer))
+    return prompt_with(request, conversation, generate)
 
 
 def prompt_with(request: ResponsesRequest, conversation: list[Item], generate: bool = True) -> Prompt:
@@ -365,10 +368,11 @@ def _require_text(part: dict[str, Any], where: str) -> None:
                               code="missing_required_parameter")
 
 
-def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Sealer | None,
+def conversation_of(items: list[dict[str, Any]], first_input: int, unsealer: Unsealer | None,
                     calls: dict[str, ToolCall] | None = None) -> list[Item]:
-    """Items (history from `first_input` on: the new input) as the conversation the renderer reads; `sealer`
-    opens reasoning blobs. `calls` (by call id) holds the calls of earlier items; the new calls are added to it."""
+    """Items (history from `first_input` on: the new input) as the conversation the renderer reads; `unsealer`
+    opens blobs (a 400 past the context window). `calls` (by call id) holds the calls of earlier items; the new
+    calls are added to it."""
     conversation: list[Item] = []
     calls = {} if calls is None else calls
     server_items = ServerItems(items)
@@ -381,11 +385,12 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
         kind = item["type"]
         if position < compaction and not kept_before_compaction(item):
             if kind == "function_call":  # an output after the compaction may still answer it
-                calls[item["call_id"]] = ToolCall(item["call_id"], item["name"], call_arguments(item, sealer),
+                calls[item["call_id"]] = ToolCall(item["call_id"], item["name"], call_arguments(item, unsealer, where),
                                                   _namespace(item, where))
             continue
         if kind == "compaction":
-            summary = summary_text(item, sealer) if position == compaction else None
+            blob = item.get("encrypted_content") or ""
+            summary = unsealer.summary(blob, where) if position == compaction and unsealer is not None else None
             if summary is not None:
                 conversation.append(UserMessage(SUMMARY_HEADING + summary))
         elif kind in ("compaction_trigger", "configuration_update"):
@@ -400,13 +405,13 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
             elif text:
                 conversation.append(AssistantMessage(text, preamble=_is_preamble(items, position)))
         elif kind == "reasoning":
-            reasoning = _reasoning(item, sealer if position > last_user else None)
+            reasoning = _reasoning(item, unsealer if position > last_user else None, where)
             if reasoning is not None:
                 conversation.append(reasoning)
         elif kind in ("function_call", "custom_tool_call"):
             freeform = kind == "custom_tool_call"
-            call = ToolCall(item["call_id"], item["name"], item["input"] if freeform else call_arguments(item, sealer),
-                            _namespace(item, where), freeform=freeform)
+            arguments = item["input"] if freeform else call_arguments(item, unsealer, where)
+            call = ToolCall(item["call_id"], item["name"], arguments, _namespace(item, where), freeform=freeform)
             try:
                 make_tool(item["name"], None, None, None, where)
             except ToolError as exc:
@@ -422,7 +427,7 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
             conversation.append(ToolResult(item["call_id"], call.name, output_text(item["output"], where),
                                            call.namespace))
         elif kind == "agent_message":
-            conversation.append(UserMessage(agent_message_text(item, sealer, where)))
+            conversation.append(UserMessage(agent_message_text(item, unsealer, where)))
         elif kind == "additional_tools":
             continue  # its tools are declared with the request's own (client_tools.py)
         else:  # the items of tools the server ran (proxy/responses/output/server_items.py)
@@ -430,13 +435,13 @@ def conversation_of(items: list[dict[str, Any]], first_input: int, sealer: Seale
     return conversation
 
 
-def _reasoning(item: dict[str, Any], sealer: Sealer | None) -> Reasoning | None:
+def _reasoning(item: dict[str, Any], unsealer: Unsealer | None, where: str) -> Reasoning | None:
     """The analysis a reasoning item stands for: from its blob when it opens (token for token as generated),
     else from its content or summary text; None when it has neither."""
     parts = item.get("content") or item.get("summary") or []
     text = "\n\n".join(part["text"] for part in parts if part.get("text"))
     blob = item.get("encrypted_content")
-    sealed = sealer.open_reasoning(blob) if blob and sealer is not None else None
+    sealed = unsealer.reasoning(blob, where) if blob and unsealer is not None else None
     if sealed is not None:
         return Reasoning(sealed.text or text, sealed.tokens)
     return Reasoning(text) if text else None

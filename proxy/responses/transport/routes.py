@@ -108,7 +108,7 @@ async def new_run(state: ServerState, parsed: ResponsesRequest, history: list[di
     else:
         if prompt is None:
             prompt = await state.renderer.render_off_loop(
-                prompt_for(parsed, history, [*items, *leading], state.sealer))
+                await prompt_for(parsed, history, [*items, *leading], state.unsealer()))
         engine_request = _generation(state, parsed, response_id, prompt, _hints(headers, parsed))
         outcome = Outcome(prompt_tokens=len(engine_request.prompt_token_ids))
         output = _output(state, parsed, leading=leading)
@@ -123,7 +123,8 @@ async def prewarm_run(state: ServerState, parsed: ResponsesRequest, history: lis
     did: a WebSocket keeps it for the next turn to continue from) and checked as one to generate from, and a
     response completed at once with no output. Instructions alone may be pre-warmed."""
     if prompt is None:
-        prompt = await state.renderer.render_off_loop(prompt_for(parsed, history, items, state.sealer, generate=False))
+        prompt = await state.renderer.render_off_loop(
+            await prompt_for(parsed, history, items, state.unsealer(), generate=False))
     _generation(state, parsed, "prewarm", prompt)  # it fits the context window with the output asked for
     outcome = Outcome(prompt_tokens=len(prompt), finish_reason="stop")
     return ResponseRun(new_id("resp_"), parsed, items, _output(state, parsed), outcome, _no_events(),
@@ -194,7 +195,7 @@ async def _tool_loop(state: ServerState, parsed: ResponsesRequest, history: list
                         parsed.constraint(), config.max_model_len)
 
         async def render(ran: list[dict[str, Any]]) -> list[int]:
-            prompt = prompt_for(parsed, history, [*items, *ran], state.sealer)
+            prompt = await prompt_for(parsed, history, [*items, *ran], state.unsealer())
             prompt.builtin_tools, prompt.namespaces = tuple(sorted(hosted.builtin)), hosted.namespaces
             return await state.renderer.render_off_loop(prompt)
 

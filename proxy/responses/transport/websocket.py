@@ -20,6 +20,8 @@ for a binary frame that is not UTF-8). A connection handles messages for TURN_SE
 the event loop, so one flooding small messages takes its turn with every other request. A continuation
 (`previous_response_id`) that fails evicts the turn it continued, as the Open Responses spec has: continuing from
 it again is `previous_response_not_found`.
+A connection with no message being handled and no response running tells the server's connection guard it is
+idle: at `--max-connections` it may be shed for a new client (proxy/server/connections.py).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ MAX_LANES = 32
 LIFETIME_SECONDS = 3600.0
 TURN_SECONDS = 0.002  # of messages handled back to back before the connection lets other tasks run
 ROUTE = "/v1/responses"
+# The ASGI scope extension through which a connection says whether it is idle: `{"idle": callable(bool)}`,
+# given by the server's connection guard (proxy/server/connections.py) where it runs.
+IDLE_EXTENSION = "harmony.idle"
 
 
 async def responses_socket(websocket: WebSocket) -> None:
@@ -72,7 +77,7 @@ class ResponsesConnection:
         self._state = state
         self._lifetime = lifetime
         self._id = request_id_from(websocket.scope["headers"])
-        self._turns = turns.Turns(state.sealer)
+        self._turns = turns.Turns(state.unsealer, state.turn_memory)
         self._tasks: set[asyncio.Task[None]] = set()  # responses active or waiting in their lane
         self._lanes: dict[str | None, asyncio.Task[None]] = {}  # each lane's last response
         self._by_id: dict[str, asyncio.Task[None]] = {}
@@ -83,6 +88,9 @@ class ResponsesConnection:
         self._expired = False
         self._closed = False
         self._turn_began = time.perf_counter()
+        extension = (websocket.scope.get("extensions") or {}).get(IDLE_EXTENSION) or {}
+        self._idle = extension.get("idle") or (lambda idle: None)  # sheddable at the cap when idle
+        self._handling = False  # a message is being handled
 
     async def serve(self) -> None:
         await self._socket.accept(subprotocol=_subprotocol(self._socket.scope.get("subprotocols") or []),
@@ -90,7 +98,11 @@ class ResponsesConnection:
         timer = asyncio.get_running_loop().call_later(self._lifetime, self._expire)
         try:
             while True:
+                self._handling = False
+                self._report_idle()
                 message = await self._socket.receive()
+                self._handling = True
+                self._report_idle()
                 if message["type"] == "websocket.disconnect":
                     break
                 try:
@@ -109,6 +121,7 @@ class ResponsesConnection:
                 task.cancel()
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._turns.close()  # their bytes go back to the server's budget
 
     async def _take_turns(self) -> None:
         """Messages already received are handled without a pause of their own: past TURN_SECONDS of them, let every
@@ -169,10 +182,14 @@ class ResponsesConnection:
     def _done(self, stream_id: str | None, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._cancelled.discard(task)
+        self._report_idle()
         if self._lanes.get(stream_id) is task:
             del self._lanes[stream_id]
         if self._expired and not self._tasks and not self._closed:
             asyncio.get_running_loop().create_task(self._close_expired())
+
+    def _report_idle(self) -> None:
+        self._idle(not self._tasks and not self._handling and not self._closed)
 
     async def _cancel(self, response_id: str) -> None:
         task = self._by_id.get(response_id)
@@ -217,7 +234,7 @@ class ResponsesConnection:
             previous = self._turns.get(parsed.body.get("previous_response_id"))
             history, items = await resolve(parsed, state.responses, previous.items if previous else None)
             offer_earlier_tools(parsed, history, items, state.renderer.tools)
-            plan = await turns.plan(state.renderer, state.sealer, parsed, previous, history, items, generate)
+            plan = await turns.plan(state.renderer, state.unsealer(), parsed, previous, history, items, generate)
             prompt = plan.rendered.tokens if plan.rendered is not None else None
             if generate:
                 run = await new_run(state, parsed, history, items, self._socket.headers, prompt=prompt)
