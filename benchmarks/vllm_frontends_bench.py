@@ -12,9 +12,9 @@ read from /proc: vLLM's API server process for its own front end; harmony-proxy'
 still serves harmony-proxy's `/v1/completions`) for harmony-proxy. vLLM's engine-core process is the engine, shared,
 and not counted.
 
-Robustness: a second vLLM runs a "chaos" checkpoint (tests/vllm_weights.py) whose output head favours Harmony's
-special tokens and channel words, so the output looks like a confused gpt-oss (missing `<|message|>`, repeated
-headers, calls to unknown tools, cut-off JSON). The same prompts and seeds go through both front ends, streamed and
+Robustness: a second vLLM runs a "chaos" checkpoint (tests/vllm_server.py's `biased_weights`) whose output head
+favours Harmony's special tokens and channel words, so the output looks like a confused gpt-oss (missing
+`<|message|>`, repeated headers, calls to unknown tools, cut-off JSON). The same prompts and seeds go through both front ends, streamed and
 not: counted are 5xx answers, answers leaking special tokens or Harmony markup, and streamed answers that differ
 from the non-streamed answer to the same request.
 """
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from parsers.vocab import load_vocab
-from tests.vllm_server import VllmServer, free_port, vllm_python, write_tiny_gpt_oss
+from tests.vllm_server import VllmServer, biased_weights, free_port, write_tiny_gpt_oss
 
 VLLM_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "openai", "--max-num-seqs", "64"]
 MARKUP = re.compile(r"<\|[a-z_]+\|>|\bto=functions\.|<\|channel\|>|\bassistantcommentary|\bassistantanalysis")
@@ -59,16 +59,14 @@ CHAOS_TEXT = ("analysis", "final", "commentary", "assistant", " to", "=functions
               '{"', "city", '":"', "Paris", '"}', "Hello", " world", " the", ".")
 
 
-def write_chaos_weights(directory: Path, config: dict[str, Any]) -> None:
-    """A checkpoint for the tiny gpt-oss (tests/vllm_weights.py, run by vLLM's Python, which has torch)."""
+def chaos_bias() -> dict[int, float]:
+    """Logit offsets for tests/vllm_weights.py: Harmony's markup and tool-call pieces far above the noise."""
     vocab = load_vocab()
     bias = {vocab.special_ids[token]: 11.0 for token in CHAOS_SPECIAL}
     for text in CHAOS_TEXT:
         for token in vocab.encode(text):
             bias[token] = 10.5
-    (directory / "chaos-bias.json").write_text(json.dumps(bias))
-    subprocess.run([str(vllm_python()), str(ROOT / "tests" / "vllm_weights.py"), str(directory),
-                    str(directory / "chaos-bias.json")], check=True, capture_output=True)
+    return bias
 
 
 def cpu_seconds(pid: int) -> float:
@@ -224,7 +222,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="vllm-frontends-"))
     cache = Path(tempfile.gettempdir()) / "harmony-proxy-tok"
     plain = write_tiny_gpt_oss(folder / "model", tokenizer_cache=cache)
-    chaos = write_tiny_gpt_oss(folder / "chaos", write_chaos_weights, tokenizer_cache=cache)
+    chaos = write_tiny_gpt_oss(folder / "chaos", biased_weights(chaos_bias()), tokenizer_cache=cache)
     for model_dir, label in ((plain, "latency"), (chaos, "chaos")):
         server = VllmServer(model_dir, VLLM_FLAGS, log_path=folder / f"vllm-{label}.log").start().wait_ready()
         proxy = None
