@@ -14,9 +14,9 @@ and not counted.
 
 Robustness: a second vLLM runs a "chaos" checkpoint (tests/vllm_server.py's `biased_weights`) whose output head
 favours Harmony's special tokens and channel words, so the output looks like a confused gpt-oss (missing
-`<|message|>`, repeated headers, calls to unknown tools, cut-off JSON). The same prompts and seeds go through both front ends, streamed and
-not: counted are 5xx answers, answers leaking special tokens or Harmony markup, and streamed answers that differ
-from the non-streamed answer to the same request.
+`<|message|>`, repeated headers, calls to unknown tools, cut-off JSON). The same prompts and seeds go through both
+front ends, streamed and not: counted are 5xx answers, answers leaking special tokens or Harmony markup, and
+streamed answers that differ from the non-streamed answer to the same request.
 """
 
 from __future__ import annotations
