@@ -87,6 +87,6 @@ def openapi_document() -> dict[str, Any]:
                 "delete": _operation((conversation_id, "item_id"))},
             "/v1/models": {"get": _operation((), [("client_version", _STRING)])},
             "/v1/models/{model}": {"get": _operation(("model",))},
-            "/health": get, "/ready": get, "/metrics": get, "/": get, "/playground": get,
+            "/health": get, "/live": get, "/ready": get, "/metrics": get, "/": get, "/playground": get,
         },
     }

@@ -86,9 +86,10 @@ def test_upstream_mode_logs_each_call_once_and_where_responses_go(tmp_path: Path
 
 
 def test_the_store_url_is_logged_without_its_password(tmp_path: Path) -> None:
-    # An unreachable database stops the server at start, after it said where responses were to go.
+    # An unreachable database stops the server at start, with one line that says where it is and why it cannot be
+    # reached (a reachable one is logged as "storing responses in PostgreSQL at ...", its password left out).
     done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--port", str(free_port()), "--store-url",
                            "postgresql://alice:pw-hidden@127.0.0.1:9/responses"], check=False, capture_output=True,
                           text=True, timeout=90, env=clean_env(tmp_path))
-    assert "storing responses in PostgreSQL at postgresql://alice@127.0.0.1:9/responses" in done.stderr
-    assert "pw-hidden" not in done.stderr
+    assert "cannot connect to the PostgreSQL store 127.0.0.1:9/responses: " in done.stderr
+    assert "pw-hidden" not in done.stderr and done.returncode == 2

@@ -27,6 +27,7 @@ MALFORMED = {
     "aldehir_malformed_channel_name_colon": "a channel that does not exist",
     "aldehir_channel_header_without_message": "a header with no <|message|>",
     "aldehir_headerless_text_then_final": "text with no header",
+    "sglang_channel_word_before_start": "a channel word outside a header",
     "bare_text_answer": "text with no header",
     "bare_single_letter": "text with no header",
     "python_recipient_skipped": "a call to an undeclared built-in tool",
