@@ -21,8 +21,7 @@ import httpx
 import psycopg
 import pytest
 
-from proxy.store import postgres as postgres_store
-from proxy.store import sqlite as sqlite_store
+from proxy.store import postgres_schema, sqlite_schema
 from proxy.store.postgres import PostgresResponseStore
 from proxy.store.sqlite import SQLiteResponseStore
 from tests.conftest import MODEL
@@ -193,7 +192,7 @@ def test_schema_is_created_and_migrated(tmp_path: Path, postgres_url: str) -> No
     PostgreSQL database is created by replicas starting at once, and each schema stays at the last version."""
     old = tmp_path / "old.sqlite3"
     with sqlite3.connect(old) as db:
-        db.executescript(sqlite_store.MIGRATIONS[0])
+        db.executescript(sqlite_schema.MIGRATIONS[0])
         db.execute("INSERT INTO responses VALUES ('resp_old', NULL, 'completed', 1, ?, '[]')",
                    (json.dumps({"id": "resp_old", "status": "completed", "output": []}),))
 
@@ -214,10 +213,10 @@ def test_schema_is_created_and_migrated(tmp_path: Path, postgres_url: str) -> No
 
     asyncio.run(scenario())
     with sqlite3.connect(old) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (len(sqlite_store.MIGRATIONS),)
+        assert db.execute("PRAGMA user_version").fetchone() == (len(sqlite_schema.MIGRATIONS),)
     with psycopg.connect(postgres_url) as db:
         assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [
-            (number,) for number in range(1, len(postgres_store.MIGRATIONS) + 1)]
+            (number,) for number in range(1, len(postgres_schema.MIGRATIONS) + 1)]
 
 
 @pytest.mark.parametrize("options, says", [

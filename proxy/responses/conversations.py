@@ -16,8 +16,9 @@ from starlette.responses import JSONResponse, Response
 
 from proxy.errors import APIError, invalid_request
 from proxy.ids import checked_id, new_id
+from proxy.responses.request.input_items import normalize_items, refuse_duplicates
 from proxy.responses.request.pages import page, page_query
-from proxy.responses.request.parse import conversation_not_found, normalize_items, refuse_duplicates, resolve_references
+from proxy.responses.request.parse import conversation_not_found, resolve_references
 from proxy.responses.request.schema import INCLUDABLE
 from proxy.state import ServerState
 from proxy.store.base import DuplicateItem, ResponseStore

@@ -29,7 +29,8 @@ from typing import Any
 from parsers.continuation import Rendered, extend, first
 from parsers.conversation import Item, ToolCall
 from parsers.render import Renderer
-from proxy.responses.request.parse import ResponsesRequest, conversation_of, prompt_with
+from proxy.responses.request.conversation import conversation_of
+from proxy.responses.request.parse import ResponsesRequest, prompt_with
 from proxy.responses.request.unseal import Unsealer, off_loop_when_large
 
 MAX_TURNS = 32  # one per named lane (OpenAI allows 32 per connection)

@@ -100,7 +100,7 @@ def check_store(args: argparse.Namespace) -> None:
     worker or engine starts (the server cannot serve its stored responses without it)."""
     if args.no_store or args.store_path is not None or not (args.store_url or "").startswith(("postgresql://", "postgres://")):
         return  # nothing to reach, or `open_store` refuses the options
-    from proxy.store.postgres import check_reachable  # psycopg, loaded only when used
+    from proxy.store.postgres_connection import check_reachable  # psycopg, loaded only when used
 
     try:
         check_reachable(args.store_url)

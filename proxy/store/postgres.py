@@ -7,7 +7,7 @@ do under SQLite's single writer, without serializing unrelated work. Heartbeats 
 replicas' clocks need not agree. A database that cannot be reached is `StoreUnavailable` (a 503): the pool checks a
 connection before lending it and reconnects when the server is back. An outage is logged as two lines, when the
 store stops answering (with psycopg's reason) and when it answers again: the pool's own warnings, one per
-connection attempt, are kept for that reason instead of logged (`_PoolLog`).
+connection attempt, are kept for that reason instead of logged (`postgres_connection.PoolLog`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from proxy.store.base import (
@@ -33,66 +32,15 @@ from proxy.store.base import (
     loads,
     new_owner,
 )
+from proxy.store.postgres_connection import CONNECT_TIMEOUT, PoolLog, one_line, where
+from proxy.store.postgres_schema import MIGRATION_LOCK, MIGRATIONS
 
 T = TypeVar("T")
 logger = logging.getLogger("harmony_proxy")
 Connection = psycopg.AsyncConnection[Any]
-CONNECT_TIMEOUT = 2.0  # seconds an operation waits for a connection before it is a 503
 POOL_SIZE = 10
 _NOW = "extract(epoch from clock_timestamp())"
-_MIGRATION_LOCK = 7_200_211  # an advisory lock key: one replica migrates while the others wait
 
-# Version n is MIGRATIONS[n - 1]; each runs in the transaction that records it.
-MIGRATIONS = [
-    """
-CREATE TABLE responses (
-    id TEXT PRIMARY KEY,
-    previous_response_id TEXT,
-    status TEXT NOT NULL,
-    created_at BIGINT NOT NULL,
-    resource TEXT NOT NULL,
-    input_items TEXT NOT NULL
-);
-CREATE TABLE items (
-    response_id TEXT NOT NULL,
-    id TEXT NOT NULL,
-    item TEXT NOT NULL,
-    PRIMARY KEY (response_id, id)
-);
-CREATE INDEX items_by_id ON items (id);
-CREATE INDEX unfinished_responses ON responses (id) WHERE status IN ('queued', 'in_progress');
-CREATE TABLE jobs (
-    response_id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    heartbeat DOUBLE PRECISION NOT NULL,
-    cancel_requested BOOLEAN NOT NULL DEFAULT false
-);
-CREATE INDEX jobs_by_owner ON jobs (owner);
-    """,
-    """
-CREATE TABLE conversations (
-    id TEXT PRIMARY KEY,
-    created_at BIGINT NOT NULL,
-    metadata TEXT NOT NULL
-);
-CREATE TABLE conversation_items (
-    position BIGSERIAL PRIMARY KEY,
-    conversation_id TEXT NOT NULL,
-    id TEXT NOT NULL,
-    item TEXT NOT NULL,
-    UNIQUE (conversation_id, id)
-);
-CREATE INDEX conversation_items_in_order ON conversation_items (conversation_id, position);
-    """,
-    """
-CREATE TABLE response_events (
-    response_id TEXT NOT NULL,
-    sequence_number INTEGER NOT NULL,
-    frame TEXT NOT NULL,
-    PRIMARY KEY (response_id, sequence_number)
-);
-    """,
-]
 
 _UNFINISHED = """SELECT r.id, j.heartbeat FROM responses r LEFT JOIN jobs j ON j.response_id = r.id
                  WHERE r.status IN ('queued', 'in_progress')"""
@@ -107,7 +55,7 @@ class PostgresResponseStore:
         self._pool = AsyncConnectionPool(url, min_size=1, max_size=pool_size, open=False, timeout=CONNECT_TIMEOUT,
                                          kwargs={"autocommit": True}, check=AsyncConnectionPool.check_connection,
                                          reconnect_timeout=0, name=f"harmony-proxy-{self.owner}")
-        self._pool_log = _PoolLog(self._pool.name)
+        self._pool_log = PoolLog(self._pool.name)
         self._down_since: float | None = None  # while the store does not answer: since when (monotonic)
 
     async def open(self) -> None:
@@ -120,7 +68,7 @@ class PostgresResponseStore:
             raise StoreUnavailable(f"cannot connect to the PostgreSQL store {self._where}: "
                                    f"{self._pool_log.reason or 'no connection within the time allowed'}") from None
         async with self._pool.connection() as db, db.transaction():
-            await db.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            await db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             await db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = await (await db.execute("SELECT max(version) FROM schema_version")).fetchone()
             version = row[0] or 0
@@ -424,46 +372,6 @@ class PostgresResponseStore:
                                      (conversation_id, item_id))).rowcount > 0
 
         return await self._run("delete_conversation_item", remove)
-
-
-def where(url: str) -> str:
-    """host:port/database, for messages: never the password."""
-    parts = conninfo_to_dict(url)
-    return f"{parts.get('host', 'localhost')}:{parts.get('port', 5432)}/{parts.get('dbname', '')}"
-
-
-def check_reachable(url: str) -> None:
-    """Connect once, at start-up, before anything else starts: StoreUnavailable saying why not (psycopg's reason:
-    refused, unknown host, authentication failed, no such database)."""
-    try:
-        psycopg.connect(url, connect_timeout=int(CONNECT_TIMEOUT * 2)).close()
-    except psycopg.Error as exc:
-        raise StoreUnavailable(f"cannot connect to the PostgreSQL store {where(url)}: {one_line(exc)}") from None
-
-
-def one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-class _PoolLog(logging.Filter):
-    """psycopg_pool warns once per failed connection attempt (hundreds in an outage) and once per broken connection
-    it discards. Of our pool's, keep the last attempt's reason for our own line, and let none through."""
-
-    def __init__(self, pool_name: str) -> None:
-        super().__init__()
-        self.pool_name = pool_name
-        self.reason: str | None = None
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        args = record.args if isinstance(record.args, tuple) else ()
-        message = str(record.msg)
-        if message.startswith("error connecting in") and args[:1] == (self.pool_name,):
-            self.reason = one_line(args[1])
-            return False
-        ours = self.pool_name in args or any(getattr(arg, "name", None) == self.pool_name for arg in args)
-        return not (ours or message.startswith("discarding broken connection"))
 
 
 async def _lock(db: Connection, key: str) -> None:

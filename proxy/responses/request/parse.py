@@ -1,8 +1,8 @@
-"""A Responses request body, checked, and its input items translated into the conversation we render.
+"""A Responses request body, checked, resolved against the store, and made the prompt we render.
 
-Input items are normalized as OpenAI lists them back (`GET .../input_items`): every item gets an id and a type,
-string content becomes text parts. The conversation is the stored history of `previous_response_id` (its
-inputs and outputs, chain included), then the new input; only the new request's `instructions` apply.
+Input items are normalized in `input_items.py` and translated in `conversation.py`. The conversation is the stored
+history of `previous_response_id` (its inputs and outputs, chain included), then the new input; only the new
+request's `instructions` apply.
 """
 
 from __future__ import annotations
@@ -14,28 +14,21 @@ from typing import Any
 from starlette.requests import Request
 
 from parsers.conversation import (
-    AssistantMessage,
     Instructions,
     Item,
     Prompt,
-    Reasoning,
-    ToolCall,
-    ToolResult,
-    UserMessage,
 )
 from proxy.engines.base import OutputConstraint
 from proxy.errors import APIError, invalid_request
-from proxy.ids import checked_id, new_id
+from proxy.ids import checked_id
 from proxy.options import HARMONY_EFFORT, GenerationOptions, reasoning_effort, refuse_tool_choice_types, with_verbosity
 from proxy.options import response_format as _format
-from proxy.responses.agent_messages import agent_message_text, call_arguments
-from proxy.responses.compaction_items import SUMMARY_HEADING, kept_before_compaction, latest_compaction
-from proxy.responses.output.server_items import ID_PREFIXES, ServerItems
 from proxy.responses.request.client_tools import CLIENT_TOOL_TYPES, read_client_tools
 from proxy.responses.request.configuration import Settings, configured_settings
-from proxy.responses.request.content import TEXT_PARTS, message_text, output_text
+from proxy.responses.request.conversation import conversation_of
 from proxy.responses.request.hosted_request import MAX_SERVER_TOOLS, HostedRequest, split_server_tools
-from proxy.responses.request.schema import ITEMS, REFUSED_ITEMS, REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
+from proxy.responses.request.input_items import input_list, normalize_items, refuse_duplicates
+from proxy.responses.request.schema import REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.request.unseal import Unsealer, off_loop_when_large
 from proxy.store.base import ResponseStore
 from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
@@ -46,16 +39,9 @@ from tools.definitions import (
     ToolChoice,
     ToolError,
     check_choice,
-    make_tool,
-    namespace_error,
 )
 
 _REQUEST = compile_schema(RESPONSES_REQUEST)
-_ITEM = {kind: compile_schema(schema) for kind, schema in ITEMS.items()}
-_ID_PREFIX = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_", "function_call_output": "fco_",
-              "additional_tools": "at_", "compaction": "cmp_", "compaction_trigger": "cmpt_",
-              "custom_tool_call": "ctc_", "custom_tool_call_output": "ctco_", "configuration_update": "cfg_",
-              "agent_message": "amsg_", **ID_PREFIXES}
 
 
 logger = logging.getLogger("harmony_proxy")
@@ -146,7 +132,7 @@ def parse_responses_request(
                               param="conversation", code="mutually_exclusive_parameters")
     if conversation is not None and not store:
         raise invalid_request("A response in a `conversation` is stored in it: leave `store` true.", param="store")
-    items = normalize_items(_input_list(body.get("input")), "input")
+    items = normalize_items(input_list(body.get("input")), "input")
     client = read_client_tools(body.get("tools") or [], items, catalog)
     for server in hosted.mcp:
         if server.label in client.namespaces:
@@ -256,20 +242,6 @@ async def resolve_references(items: list[dict[str, Any]], store: ResponseStore |
     return resolved
 
 
-def normalize_items(raw: list[Any], param: str) -> list[dict[str, Any]]:
-    """Input items as OpenAI lists them back: each with an id and a type, string content as text parts."""
-    return [_normalize(item, f"{param}[{position}]") for position, item in enumerate(raw)]
-
-
-def refuse_duplicates(earlier: list[str], items: list[dict[str, Any]], param: str) -> None:
-    seen = set(earlier)
-    for position, item in enumerate(items):
-        if item["id"] in seen:
-            raise invalid_request(f"Duplicate item found with id {item['id']}. Remove duplicate items from your "
-                                  "input and try again.", param=f"{param}[{position}]")
-        seen.add(item["id"])
-
-
 def conversation_not_found(conversation_id: str) -> APIError:
     return APIError(404, f"Conversation with id '{conversation_id}' not found.", param="conversation",
                     code="not_found")
@@ -317,153 +289,6 @@ def _refuse_unhonoured(body: dict[str, Any]) -> None:
     for param, is_refused, message in refused:
         if is_refused:
             raise invalid_request(message, param=param, code="unsupported_parameter")
-
-
-def _input_list(raw: Any) -> list[Any]:
-    if raw is None:
-        return []
-    if isinstance(raw, str):
-        return [{"type": "message", "role": "user", "content": raw}]
-    return raw
-
-
-def _normalize(item: Any, where: str) -> dict[str, Any]:
-    if not isinstance(item, dict):
-        raise invalid_request("Each input item must be an object.", param=where)
-    kind = item.get("type") or ("message" if "role" in item else "item_reference")
-    if not isinstance(kind, str) or kind not in _ITEM:
-        reason = REFUSED_ITEMS.get(kind) if isinstance(kind, str) else None
-        raise invalid_request(f"Input item type {kind!r} is not supported" + (f": {reason}." if reason else "."),
-                              param=f"{where}.type", code="invalid_value")
-    check({**item, "type": kind}, _ITEM[kind], where)
-    if item.get("id") is not None:
-        checked_id(item["id"], f"{where}.id")
-    item = {**item, "type": kind}
-    if kind == "item_reference":
-        return item
-    if kind == "message":
-        part = "output_text" if item["role"] == "assistant" else "input_text"
-        content = item["content"]
-        if isinstance(content, str):
-            content = [{"type": part, "text": content, **({"annotations": []} if part == "output_text" else {})}]
-        for index, piece in enumerate(content):
-            if piece["type"] == "input_image" and item["role"] == "user":
-                continue  # read as a note (content.py)
-            if piece["type"] not in TEXT_PARTS and piece["type"] != "refusal":
-                raise invalid_request(f"Content part type {piece['type']!r} is not supported: gpt-oss takes text only.",
-                                      param=f"{where}.content[{index}]", code="unsupported_content")
-            _require_text(piece, f"{where}.content[{index}]")
-        item = {**item, "content": content, "status": item.get("status") or "completed"}
-    elif kind in ("function_call_output", "custom_tool_call_output") and isinstance(item["output"], list):
-        for index, piece in enumerate(item["output"]):
-            _require_text(piece, f"{where}.output[{index}]")
-    return {"id": item.get("id") or new_id(_ID_PREFIX[kind]), **{key: item[key] for key in item if key != "id"}}
-
-
-def _require_text(part: dict[str, Any], where: str) -> None:
-    """A text part without its text (or a refusal without the refusal) is malformed, as OpenAI answers."""
-    field = "refusal" if part["type"] == "refusal" else "text" if part["type"] in TEXT_PARTS else None
-    if field is not None and field not in part:
-        raise invalid_request(f"Missing required parameter: '{where}.{field}'.", param=f"{where}.{field}",
-                              code="missing_required_parameter")
-
-
-def conversation_of(items: list[dict[str, Any]], first_input: int, unsealer: Unsealer | None,
-                    calls: dict[str, ToolCall] | None = None) -> list[Item]:
-    """Items (history from `first_input` on: the new input) as the conversation the renderer reads; `unsealer`
-    opens blobs (a 400 past the context window). `calls` (by call id) holds the calls of earlier items; the new
-    calls are added to it."""
-    conversation: list[Item] = []
-    calls = {} if calls is None else calls
-    server_items = ServerItems(items)
-    # Reasoning before the last user message is not rendered (parsers/render.py): its blobs stay closed.
-    last_user = max((position for position, item in enumerate(items)
-                     if item["type"] == "message" and item["role"] == "user"), default=-1)
-    compaction = latest_compaction(items)  # what precedes it is in its summary (proxy/responses/compaction_items.py)
-    for position, item in enumerate(items):
-        where = f"input[{position - first_input}]" if position >= first_input else "previous_response_id"
-        kind = item["type"]
-        if position < compaction and not kept_before_compaction(item):
-            if kind == "function_call":  # an output after the compaction may still answer it
-                calls[item["call_id"]] = ToolCall(item["call_id"], item["name"], call_arguments(item, unsealer, where),
-                                                  _namespace(item, where))
-            continue
-        if kind == "compaction":
-            blob = item.get("encrypted_content") or ""
-            summary = unsealer.summary(blob, where) if position == compaction and unsealer is not None else None
-            if summary is not None:
-                conversation.append(UserMessage(SUMMARY_HEADING + summary))
-        elif kind in ("compaction_trigger", "configuration_update"):
-            continue  # a compaction asked for (routes), settings (configuration.py): nothing the model reads here
-        elif kind == "message":
-            text = message_text(item["content"], where)
-            role = item["role"]
-            if role == "user":
-                conversation.append(UserMessage(text))
-            elif role in ("system", "developer"):
-                conversation.append(Instructions(text))
-            elif text:
-                conversation.append(AssistantMessage(text, preamble=_is_preamble(items, position)))
-        elif kind == "reasoning":
-            reasoning = _reasoning(item, unsealer if position > last_user else None, where)
-            if reasoning is not None:
-                conversation.append(reasoning)
-        elif kind in ("function_call", "custom_tool_call"):
-            freeform = kind == "custom_tool_call"
-            arguments = item["input"] if freeform else call_arguments(item, unsealer, where)
-            call = ToolCall(item["call_id"], item["name"], arguments, _namespace(item, where), freeform=freeform)
-            try:
-                make_tool(item["name"], None, None, None, where)
-            except ToolError as exc:
-                raise invalid_request(str(exc), param=exc.param) from None
-            calls[item["call_id"]] = call
-            conversation.append(call)
-        elif kind in ("function_call_output", "custom_tool_call_output"):
-            call = calls.get(item["call_id"])
-            if call is None:
-                what = "custom tool" if kind == "custom_tool_call_output" else "function"
-                raise invalid_request(f"No {what} call with call_id {item['call_id']!r} precedes this output.",
-                                      param=f"{where}.call_id")
-            conversation.append(ToolResult(item["call_id"], call.name, output_text(item["output"], where),
-                                           call.namespace))
-        elif kind == "agent_message":
-            conversation.append(UserMessage(agent_message_text(item, unsealer, where)))
-        elif kind == "additional_tools":
-            continue  # its tools are declared with the request's own (client_tools.py)
-        else:  # the items of tools the server ran (proxy/responses/output/server_items.py)
-            conversation += server_items.read(item)
-    return conversation
-
-
-def _reasoning(item: dict[str, Any], unsealer: Unsealer | None, where: str) -> Reasoning | None:
-    """The analysis a reasoning item stands for: from its blob when it opens (token for token as generated),
-    else from its content or summary text; None when it has neither."""
-    parts = item.get("content") or item.get("summary") or []
-    text = "\n\n".join(part["text"] for part in parts if part.get("text"))
-    blob = item.get("encrypted_content")
-    sealed = unsealer.reasoning(blob, where) if blob and unsealer is not None else None
-    if sealed is not None:
-        return Reasoning(sealed.text or text, sealed.tokens)
-    return Reasoning(text) if text else None
-
-
-def _namespace(item: dict[str, Any], where: str) -> str | None:
-    namespace = item.get("namespace")
-    problem = namespace_error(namespace) if namespace is not None else None
-    if problem is not None:
-        raise invalid_request(problem, param=f"{where}.namespace")
-    return namespace
-
-
-def _is_preamble(items: list[dict[str, Any]], position: int) -> bool:
-    """An assistant message is a commentary preamble when it says so, or when a function call follows it."""
-    phase = items[position].get("phase")
-    if phase is not None:
-        return phase == "commentary"
-    for later in items[position + 1 :]:
-        if later["type"] != "reasoning":
-            return later["type"] in ("function_call", "custom_tool_call")
-    return False
 
 
 def _tool_choice(value: Any) -> ToolChoice:
