@@ -270,7 +270,11 @@ class VllmServer:
 
     def start(self) -> VllmServer:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "VLLM_NO_USAGE_STATS": "1",
+               # vLLM pins its engine's OpenMP thread to a core ("auto"); on a small machine its API server then
+               # answers nothing (no stream, no /metrics, no abort) until a generation ends. Unpinned, they share.
+               "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+               "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TIKTOKEN_ENCODINGS_BASE": str(_vocab_folder()), "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:
             # Its own process group: stopping it stops the engine core process it spawns too.
