@@ -165,9 +165,11 @@ async def _start_engine(state: ServerState, on_failure: Callable[[BaseException]
         if on_failure is not None:
             on_failure(exc)
         return
+    state.metrics.engine_ready(state.engine.ready)
+    logger.info("the %s engine is ready, serving %s", state.engine.name, state.config.served_model_name)
+    while not state.engine.ready:  # an engine in another process (--workers) says what it takes when it connects
+        await asyncio.sleep(0.2)
     window = getattr(state.engine, "context_window", None)
     if window is not None:  # what the built engine takes: advertised, and held to (proxy/options.py)
         state.config = replace(state.config, max_model_len=min(window.total, state.config.max_model_len),
                                max_prompt_len=min(window.prompt, state.config.max_model_len))
-    state.metrics.engine_ready(state.engine.ready)
-    logger.info("the %s engine is ready, serving %s", state.engine.name, state.config.served_model_name)

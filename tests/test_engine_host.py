@@ -27,7 +27,16 @@ import httpx
 import pytest
 
 from parsers.vocab import Vocab
-from proxy.engines.base import EngineError, GenerationRequest, OutputConstraint, SamplingParams, Step, Usage
+from proxy.engines import wire
+from proxy.engines.base import (
+    ContextWindow,
+    EngineError,
+    GenerationRequest,
+    OutputConstraint,
+    SamplingParams,
+    Step,
+    Usage,
+)
 from proxy.engines.remote import RemoteEngine, _Inbox
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER, CALL, client_for, message_answer
@@ -451,3 +460,30 @@ def test_an_http_front_end_on_the_engine_host(
     while not any(e["event"] == "abort" for e in events(folder)):  # the client left: aborted in the host
         assert time.monotonic() < deadline, "the request was not aborted"
         time.sleep(0.02)
+
+
+def test_a_front_end_advertises_what_the_hosts_engine_takes(
+    serve: Callable[..., LiveServer], start_host: Callable[..., Any], socket_path: Path, tmp_path: Path
+) -> None:
+    """With --workers the engine is built in the host: its greeting says what the built LLM takes (max_num_tokens
+    without chunked prefill), and each front end advertises that in /v1/models and the Codex catalog."""
+    server = serve(engine=RemoteEngine(socket_path, retry_interval=0.05))
+    start_host(model_folder(tmp_path, [ANSWER]), max_num_tokens=64)
+    deadline = time.monotonic() + 20
+    while True:
+        models = httpx.get(server.base_url + "/v1/models", params={"client_version": "0.171.0"}, timeout=5).json()
+        if models["data"][0]["max_model_len"] == 64:
+            break
+        assert time.monotonic() < deadline, f"the front end advertises {models['data'][0]['max_model_len']}"
+        time.sleep(0.05)
+    assert models["models"][0]["context_window"] == 64
+
+
+def test_the_greeting_carries_the_context_window() -> None:
+    window = ContextWindow(total=131072, prompt=8192)
+    frame = wire.hello_frame("trtllm", window)
+    assert wire.read_hello(frame[wire.HEADER.size:]) == ("trtllm", window)
+    assert wire.read_hello(wire.hello_frame("mock")[wire.HEADER.size:]) == ("mock", None)
+    for bad in (b'{"engine": "x", "context_window": [0, 1]}', b'{"engine": 1, "context_window": null}', b"[]"):
+        with pytest.raises(wire.ProtocolError):
+            wire.read_hello(bytes([wire.VERSION]) + bad)

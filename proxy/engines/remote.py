@@ -20,7 +20,7 @@ from collections.abc import AsyncGenerator
 from typing import cast
 
 from proxy.engines import wire
-from proxy.engines.base import EngineError, GenerationRequest, Step
+from proxy.engines.base import ContextWindow, EngineError, GenerationRequest, Step
 
 logger = logging.getLogger("harmony_proxy.engine")
 
@@ -42,6 +42,8 @@ class RemoteEngine:
         self._health_timeout = health_timeout
         self._link: _Link | None = None
         self._connector: asyncio.Task[None] | None = None
+        # What the host's built engine takes, from its greeting: None until then (and for engines that say nothing).
+        self.context_window: ContextWindow | None = None
         self._closing = False
 
     @property
@@ -104,7 +106,7 @@ class RemoteEngine:
             link = None
             try:
                 _, link = await loop.create_unix_connection(lambda: _Link(self.name), self._path)
-                host_engine = await link.greeted
+                host_engine, self.context_window = await link.greeted
             except (OSError, EngineError, wire.ProtocolError) as exc:
                 if not waiting_logged and isinstance(exc, wire.ProtocolError):
                     logger.error("the engine host at %s: %s", self._path, exc)
@@ -163,7 +165,7 @@ class _Link(asyncio.Protocol):
 
     def __init__(self, engine_name: str) -> None:
         loop = asyncio.get_running_loop()
-        self.greeted: asyncio.Future[str] = loop.create_future()  # the host's engine name
+        self.greeted: asyncio.Future[tuple[str, ContextWindow | None]] = loop.create_future()  # the host's greeting
         self.lost: asyncio.Future[None] = loop.create_future()
         self.alive = False  # greeted and not lost
         self._engine_name = engine_name
@@ -252,9 +254,9 @@ class _Link(asyncio.Protocol):
             if check is not None and not check.done():
                 check.set_result(None)
         elif kind == wire.HELLO:
-            name = wire.read_hello(data[start:end])
+            greeting = wire.read_hello(data[start:end])
             self.alive = True
-            self.greeted.set_result(name)
+            self.greeted.set_result(greeting)
         else:
             raise wire.ProtocolError(f"unknown frame kind {kind}")
 

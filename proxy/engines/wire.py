@@ -23,6 +23,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from proxy.engines.base import (
+    ContextWindow,
     EngineError,
     FinishReason,
     GenerationRequest,
@@ -34,7 +35,7 @@ from proxy.engines.base import (
 from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 from tools.freeform import Freeform
 
-VERSION = 2  # 1: requests were pickled
+VERSION = 3  # 1: requests were pickled; 2: the greeting had no context window
 HEADER = struct.Struct("=IIB")  # payload length, handle, kind
 _LAST = struct.Struct("=BBIIi")  # finish reason, has usage, prompt tokens, completion tokens, cached (-1: unknown)
 _TOKEN = struct.Struct("=I")
@@ -88,8 +89,10 @@ def error_frame(handle: int, error: EngineError) -> bytes:
     return frame(ERROR, handle, json.dumps(body).encode())
 
 
-def hello_frame(engine_name: str) -> bytes:
-    return frame(HELLO, 0, bytes([VERSION]) + engine_name.encode())
+def hello_frame(engine_name: str, window: ContextWindow | None = None) -> bytes:
+    """The greeting: the engine's name, and what the built engine takes (front ends advertise it)."""
+    body = {"engine": engine_name, "context_window": [window.total, window.prompt] if window is not None else None}
+    return frame(HELLO, 0, bytes([VERSION]) + json.dumps(body).encode())
 
 
 def request_frame(handle: int, request: GenerationRequest) -> bytes:
@@ -164,16 +167,30 @@ def _tool(body: dict[str, Any]) -> FunctionTool:
     return FunctionTool(**{**body, "freeform": Freeform(**freeform) if freeform is not None else None})
 
 
+def _integer(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise TypeError(f"expected a positive integer, got {value!r}")
+    return value
+
+
 def _string(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
     return value
 
 
-def read_hello(payload: bytes) -> str:
+def read_hello(payload: bytes) -> tuple[str, ContextWindow | None]:
     if not payload or payload[0] != VERSION:
         raise ProtocolError(f"the engine host speaks another protocol version ({payload[:1]!r})")
-    return payload[1:].decode()
+    try:
+        body = json.loads(payload[1:])
+        window = body["context_window"]
+        if window is not None:
+            total, prompt = window
+            window = ContextWindow(_integer(total), _integer(prompt))
+        return _string(body["engine"]), window
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ProtocolError(f"a greeting that does not read: {exc}") from None
 
 
 Handler = Callable[[int, int, bytes, int, int], None]  # kind, handle, and the payload: data[start:end]
