@@ -173,5 +173,16 @@ def loads(text: str) -> Any:
     return value
 
 
+def chain_items(rows: list[tuple[str, str]]) -> list[dict[str, Any]] | None:
+    """A response chain's items, oldest response first, from its rows of (input items, resource) as stored; None
+    for no rows (no such response)."""
+    if not rows:
+        return None
+    items: list[dict[str, Any]] = []
+    for input_items, resource in rows:
+        items += loads(input_items) + loads(resource)["output"]
+    return items
+
+
 def conversation_object(conversation_id: str, created_at: int, metadata: dict[str, str]) -> dict[str, Any]:
     return {"id": conversation_id, "object": "conversation", "created_at": created_at, "metadata": metadata}

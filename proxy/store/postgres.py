@@ -28,6 +28,7 @@ from proxy.store.base import (
     StoredResponse,
     StoreUnavailable,
     Unstorable,
+    chain_items,
     conversation_object,
     loads,
     new_owner,
@@ -211,13 +212,7 @@ class PostgresResponseStore:
                 (response_id,),
             )).fetchall()
 
-        rows = await self._run("history", read)
-        if not rows:
-            return None
-        items: list[dict[str, Any]] = []
-        for input_items, resource in rows:
-            items += loads(input_items) + loads(resource)["output"]
-        return items
+        return chain_items(await self._run("history", read))
 
     async def items(self, item_ids: list[str]) -> dict[str, dict[str, Any]]:
         if not item_ids:

@@ -22,6 +22,7 @@ from proxy.store.base import (
     DuplicateItem,
     OnOperation,
     StoredResponse,
+    chain_items,
     conversation_object,
     loads,
     new_owner,
@@ -170,13 +171,7 @@ class SQLiteResponseStore:
                 (response_id,),
             ).fetchall()
 
-        rows = await self._run("history", read)
-        if not rows:
-            return None
-        items: list[dict[str, Any]] = []
-        for input_items, resource in rows:
-            items += loads(input_items) + loads(resource)["output"]
-        return items
+        return chain_items(await self._run("history", read))
 
     async def items(self, item_ids: list[str]) -> dict[str, dict[str, Any]]:
         def read(db: sqlite3.Connection) -> list[tuple[str, str]]:
