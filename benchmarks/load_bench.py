@@ -144,7 +144,8 @@ def server_kinds(args: argparse.Namespace) -> dict[str, ServerKind]:
     }
     if args.git_ref:
         tree = Path(args.git_ref) if Path(args.git_ref).is_dir() else extract_commit(args.git_ref)
-        every_k = "--tokens-per-step" in (tree / "proxy" / "cli.py").read_text(encoding="utf-8")
+        every_k = any("--tokens-per-step" in path.read_text(encoding="utf-8")
+                  for path in (tree / "proxy").rglob("*.py"))  # the CLI moved between commits
         template = [*OURS, *(["--tokens-per-step", "{tokens_per_step}"] if every_k else []),
                     *shlex.split(args.ours_args)]
         path = os.pathsep.join(filter(None, [str(tree.resolve()), env.get("PYTHONPATH")]))  # packages may come by it
