@@ -34,7 +34,8 @@ from parsers.conversation import (
 from parsers.message_tokens import MessageWriter, item_key, item_size
 from parsers.opening_messages import developer_sections, system_content
 from parsers.vocab import Vocab
-from tools.cache import BoundedCache, CacheStats, ToolCatalog, ToolDeclarations
+from tools.bounded_cache import BoundedCache, CacheStats
+from tools.cache import ToolCatalog, ToolDeclarations
 
 # Uncached work above this many characters of text is rendered in a worker thread (a hop costs ~0.1 ms; this
 # much text takes ~3 ms to encode). Tool JSON counts double: openai-harmony renders it at about half the speed.
