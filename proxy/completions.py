@@ -30,7 +30,7 @@ from proxy.outcome import Outcome
 from proxy.sse import DONE, EventStream, data_frame
 from proxy.state import ServerState
 from proxy.stop_strings import StopMatcher
-from proxy.validation import check, compile_schema, read_json_object, refuse_unsupported
+from proxy.validation import check, compile_schema, parse_off_loop, read_json_object, refuse_unsupported
 
 _NULLABLE_BOOL = {"type": ["boolean", "null"]}
 COMPLETIONS_REQUEST: dict[str, Any] = {
@@ -100,7 +100,7 @@ async def completions(request: Request) -> Response:
     refuse_unsupported(body, UNSUPPORTED)
     state.check_model(body["model"])
     state.require_ready()
-    completion = _Completion(state, body)
+    completion = await parse_off_loop(lambda: _Completion(state, body), large=False)  # its schema: off the loop
     outcome = Outcome(prompt_tokens=len(completion.engine_request.prompt_token_ids))
     steps = tracked_steps(state.engine, completion.engine_request, outcome)
     try:

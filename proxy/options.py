@@ -11,7 +11,8 @@ from parsers.vocab import Vocab
 from proxy.engines.base import GenerationRequest, OutputConstraint, SamplingParams
 from proxy.errors import invalid_request
 from tools.definitions import MAX_SCHEMA_DEPTH, ResponseFormat, enforceability_error, json_depth
-from tools.schema_check import schema_error
+from tools.schema_bounds import schema_bounds_error
+from tools.schema_check import enforcement, schema_error
 
 
 @dataclass(frozen=True)
@@ -40,13 +41,19 @@ def response_format(kind: str, json_schema: dict[str, Any] | None, param: str) -
     if json_depth(schema) > MAX_SCHEMA_DEPTH:
         raise invalid_request(f"The schema is nested more than {MAX_SCHEMA_DEPTH} levels deep.",
                               param=f"{param}.schema")
+    too_large = schema_bounds_error(schema)
+    if too_large is not None:
+        raise invalid_request(f"The schema of response format {json_schema['name']!r} is too large: {too_large}.",
+                              param=f"{param}.schema")
     problem = schema_error(schema)
     if problem is None:
         problem = enforceability_error(schema, strict)
     if problem is not None:
         raise invalid_request(f"Invalid schema for response format {json_schema['name']!r}: {problem}",
                               param=f"{param}.schema")
-    return ResponseFormat(json_schema["name"], schema, json_schema.get("description") or "", strict)
+    compiles = enforcement(schema, strict).error is None
+    return ResponseFormat(json_schema["name"], schema, json_schema.get("description") or "", strict,
+                          compiles=compiles)
 
 
 def refuse_tool_choice_types(value: Any, accepted: tuple[str, ...] = ("function",)) -> None:

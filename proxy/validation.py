@@ -17,6 +17,7 @@ from proxy.schema_errors import QUOTE_CHARS, ErrorFinder, first_error, quote
 from tools.cache import ToolCatalog
 from tools.definitions import ToolError, json_depth
 from tools.fast_schema import Predicate, compile_predicate
+from tools.schema_check import UncheckedSchema
 
 T = TypeVar("T")
 
@@ -41,11 +42,24 @@ async def read_json_object(request: Request) -> dict[str, Any]:
 
 
 async def read_and_parse(request: Request, parse: Callable[[dict[str, Any]], T]) -> T:
-    """`parse` of the body read as a JSON object; both in a worker thread when the body is large."""
+    """`parse` of the body read as a JSON object; both in a worker thread when the body is large, or when it holds
+    a schema not checked before."""
     body = await _read_body(request)
-    if len(body) < LARGE_BODY_BYTES:
-        return parse(decode_json_object(body))
-    return await asyncio.to_thread(lambda: parse(decode_json_object(body, yielding=True)))
+    large = len(body) >= LARGE_BODY_BYTES
+    return await parse_off_loop(lambda: parse(decode_json_object(body, yielding=large)), large)
+
+
+async def parse_off_loop(parse: Callable[[], T], large: bool) -> T:
+    """`parse()`, on the event loop when the work is small, else in a worker thread. Work is small when the input
+    is, and every JSON Schema in it has been checked by the grammar engine before: llguidance never runs on the
+    event loop (a new schema takes up to a second within tools/schema_bounds.py), so a parse that meets a new one
+    stops there (UncheckedSchema) and runs again in a worker thread, where the schema is checked and remembered."""
+    if not large:
+        try:
+            return parse()
+        except UncheckedSchema:
+            pass
+    return await asyncio.to_thread(parse)
 
 
 async def _read_body(request: Request) -> bytes:

@@ -11,6 +11,7 @@ from typing import Any
 
 from tools.freeform import Freeform, format_error
 from tools.long_runs import has_long_run
+from tools.schema_bounds import schema_bounds_error
 from tools.schema_check import enforcement, schema_error, unresolved_ref
 
 # OpenAI allows letters, digits, '_' and '-'; gpt-oss tool names with dots round-trip too (vLLM #51977).
@@ -39,6 +40,7 @@ class ResponseFormat:
     description: str = ""
     strict: bool = False
     kind: str = "json_schema"
+    compiles: bool = True  # the grammar engine compiles the schema (leniently unless strict); else any JSON object
 
 
 class ToolError(ValueError):
@@ -58,6 +60,7 @@ class FunctionTool:
     strict: bool | None = None
     namespace: str | None = None  # a client's namespace tool it belongs to; None: the `functions` namespace
     freeform: Freeform | None = None  # a custom tool: raw text input in this format, not JSON arguments
+    compiles: bool = True  # the grammar engine compiles `parameters` (leniently unless strict); else any JSON object
 
     @cached_property
     def key(self) -> str:
@@ -128,6 +131,10 @@ def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: 
         if json_depth(parameters) > MAX_SCHEMA_DEPTH:
             raise ToolError(f"The parameters schema is nested more than {MAX_SCHEMA_DEPTH} levels deep.",
                             f"{param}.parameters")
+        too_large = schema_bounds_error(parameters)
+        if too_large is not None:
+            raise ToolError(f"The parameters schema of function {name!r} is too large: {too_large}.",
+                            f"{param}.parameters")
         if has_long_run(json.dumps(parameters, ensure_ascii=False)):
             raise ToolError("The parameters schema has a run of over 1,000 characters without a break.",
                             f"{param}.parameters")
@@ -136,10 +143,12 @@ def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: 
             raise ToolError(f"Invalid JSON Schema for function {name!r}: {error}", f"{param}.parameters")
     if strict is not None and not isinstance(strict, bool):
         raise ToolError("`strict` must be a boolean.", f"{param}.strict")
+    compiles = True
     if parameters is not None:
         problem = enforceability_error(parameters, strict is True)
         if problem is not None:
             raise ToolError(f"Invalid schema for function {name!r}: {problem}", f"{param}.parameters")
+        compiles = enforcement(parameters, strict is True).error is None
     if freeform is not None and freeform.constrained:
         if has_long_run(freeform.definition):
             raise ToolError("The grammar has a run of over 1,000 characters without a break.",
@@ -147,7 +156,7 @@ def make_tool(name: Any, description: Any, parameters: Any, strict: Any, param: 
         problem = format_error(freeform.syntax, freeform.definition)
         if problem is not None:
             raise ToolError(f"Invalid format for custom tool {name!r}: {problem}.", f"{param}.format.definition")
-    return FunctionTool(name, description or "", parameters, strict, namespace, freeform)
+    return FunctionTool(name, description or "", parameters, strict, namespace, freeform, compiles)
 
 
 def enforceability_error(schema: dict[str, Any], strict: bool) -> str | None:

@@ -38,7 +38,7 @@ from typing import Any
 
 from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 from tools.freeform import Freeform
-from tools.schema_check import enforcement, grammar_options
+from tools.schema_check import grammar_options
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _CHANNELS = ("commentary", "analysis")  # gpt-oss writes calls on both
@@ -98,13 +98,8 @@ def arguments_schema(tool: FunctionTool, enforce: bool) -> dict[str, Any]:
         return _ANY_OBJECT
     if tool.parameters is None:  # a function without parameters takes `{}`
         return {"type": "object", "properties": {}, "additionalProperties": False} if tool.strict else _ANY_OBJECT
-    return enforceable(tool.parameters, bool(tool.strict), _ANY_OBJECT)
-
-
-def enforceable(schema: dict[str, Any], strict: bool, fallback: dict[str, Any]) -> dict[str, Any]:
-    """The schema, or `fallback` where llguidance cannot compile it even leniently (requests with `strict`
-    were refused earlier for that; see `tools.schema_check.enforcement`, which logs what is relaxed)."""
-    return fallback if enforcement(schema, strict).error else schema
+    # `compiles` was settled when the tool was checked (tools.definitions.make_tool): no grammar engine runs here
+    return tool.parameters if tool.compiles else _ANY_OBJECT
 
 
 def with_options(schema: dict[str, Any], strict: bool) -> dict[str, Any]:
@@ -135,7 +130,7 @@ def _plan(tools: Sequence[FunctionTool], choice: ToolChoice, response_format: Re
     parts = []
     if response_format is not None:
         final_strict = response_format.strict
-        final_schema = enforceable(response_format.schema, final_strict, _ANY_OBJECT)
+        final_schema = response_format.schema if response_format.compiles else _ANY_OBJECT
         parts.append(f"final answer JSON ({response_format.name})")
     else:
         final_schema, final_strict = None, False

@@ -10,7 +10,7 @@ it is not sure of goes to `jsonschema`, which has the last word and words the er
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -20,6 +20,7 @@ import jsonschema
 import llguidance
 from jsonschema_specifications import REGISTRY
 
+from tools.bounded_cache import BoundedCache
 from tools.fast_schema import compile_predicate
 
 logger = logging.getLogger("harmony_proxy.grammar")
@@ -100,6 +101,13 @@ def grammar_options(strict: bool) -> dict[str, Any]:
     return {"whitespace_pattern": JSON_WHITESPACE, "lenient": not strict}
 
 
+# llguidance.LLParserLimits for every grammar a client sends: regex analysis while the lexer is built (~50k a ms;
+# its default 1M), per-mask lexer work (~14k a ms; 200k), lexer states (1 to 2 kB each; 250k) and grammar symbols
+# (500k). Past them a grammar is refused, rather than seconds of work and unbounded memory.
+LLGUIDANCE_LIMITS = {"initial_lexer_fuel": 200_000, "step_lexer_fuel": 50_000, "max_lexer_states": 20_000,
+                     "max_grammar_size": 200_000}
+
+
 @dataclass(frozen=True)
 class Enforcement:
     """How far the grammar engine (llguidance) enforces a schema."""
@@ -108,17 +116,44 @@ class Enforcement:
     relaxed: tuple[str, ...]  # what it leaves unenforced or approximates (its own words)
 
 
+class UncheckedSchema(Exception):
+    """Raised on an event loop's thread for a schema llguidance has not checked yet: llguidance never runs there.
+    Whoever parses a request catches it and parses again in a worker thread (`proxy.validation.parse_off_loop`),
+    where the schema is checked and remembered."""
+
+
+# Each distinct (schema, strict) checked once per process: agents resend the same tools every turn.
+_CHECKED: BoundedCache[tuple[str, bool], Enforcement] = BoundedCache(4096, 64 * 1024 * 1024)
+
+
 def enforcement(schema: dict[str, Any], strict: bool) -> Enforcement:
-    """Compiled once per distinct schema (about 0.2 ms); a relaxed schema is logged the first time it is seen."""
-    return _enforcement(json.dumps(schema, ensure_ascii=False, separators=(",", ":")), strict)
+    """llguidance's verdict on a schema (0.1 ms to ~1 s within tools.schema_bounds); a relaxed schema is logged the
+    first time it is seen. Off the event loop only: there, an unchecked schema raises UncheckedSchema."""
+    schema_json = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+    known = _CHECKED.get((schema_json, strict))
+    if known is not None:
+        return known
+    if _on_event_loop():
+        raise UncheckedSchema()
+    result = _check(schema_json, strict)
+    _CHECKED.put((schema_json, strict), result, len(schema_json))
+    return result
 
 
-@functools.lru_cache(maxsize=1024)
-def _enforcement(schema_json: str, strict: bool) -> Enforcement:
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _check(schema_json: str, strict: bool) -> Enforcement:
     schema = {**json.loads(schema_json), "x-guidance": grammar_options(strict)}
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, limits=llguidance.LLParserLimits(**LLGUIDANCE_LIMITS))
     except ValueError as exc:
         failed, messages = True, [str(exc)]
     messages = [" ".join(message.split()) for message in messages]  # regex errors span lines

@@ -25,15 +25,13 @@ import llguidance.tiktoken
 import tiktoken
 
 from parsers.vocab import O200K_PATTERN, Vocab
-from tools.cache import BoundedCache, CacheStats
+from tools.bounded_cache import BoundedCache, CacheStats
 from tools.grammar import OutputGrammar
+from tools.schema_check import LLGUIDANCE_LIMITS
 
 logger = logging.getLogger("harmony_proxy.grammar")
 
-# llguidance.LLParserLimits: regex analysis while the lexer is built (~50k a ms; its default 1M), per-mask lexer
-# work (~14k a ms; 200k), lexer states (1 to 2 kB each; 250k) and grammar symbols (500k).
-LIMITS = {"initial_lexer_fuel": 200_000, "step_lexer_fuel": 50_000, "max_lexer_states": 20_000,
-          "max_grammar_size": 200_000}
+LIMITS = LLGUIDANCE_LIMITS  # the same limits the request check used (tools/schema_check.py)
 
 
 class GrammarError(ValueError):

@@ -16,6 +16,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from proxy.errors import APIError, invalid_request
@@ -28,6 +29,7 @@ from proxy.server_tools.listing import McpTool
 from proxy.server_tools.rendering import function_tool
 from proxy.server_tools.sessions import McpSessions
 from proxy.server_tools.tool_cache import ToolListCache
+from proxy.validation import parse_off_loop
 from tools import typescript
 from tools.definitions import ToolError
 from tools.typescript import namespace_section
@@ -127,7 +129,7 @@ async def resolve(
                                param=f"{server.param}.server_url", code="mcp_list_tools_failed")
             raise listing
         tools, description = listing
-        offered = _offerable(server.label, tools)
+        offered = await parse_off_loop(partial(_offerable, server.label, tools), large=False)  # schemas checked
         hosted.servers[server.label] = McpServer(server.label, url, server.headers, server,
                                                  {tool.name: tool for tool in offered})
         hosted.namespaces[server.label] = namespace_section(server.label, server.description or description,

@@ -52,7 +52,7 @@ from proxy.state import ServerState
 from proxy.telemetry.observer import publish
 from proxy.telemetry.request_record import RequestRecord, current_record, request_id_from
 from proxy.telemetry.tracing import RequestTrace
-from proxy.validation import LARGE_BODY_BYTES
+from proxy.validation import LARGE_BODY_BYTES, parse_off_loop
 
 logger = logging.getLogger("harmony_proxy")
 
@@ -228,7 +228,7 @@ class ResponsesConnection:
             config = state.config
             parse = partial(parse_responses_request, body, config.default_reasoning_effort,
                             config.served_model_name, state.renderer.tools)
-            parsed = await asyncio.to_thread(parse) if large else parse()  # large: off the loop, as over HTTP
+            parsed = await parse_off_loop(parse, large)  # as over HTTP
             await check_create(state, parsed)
             generate = generate and not parsed.prewarm
             previous = self._turns.get(parsed.body.get("previous_response_id"))
