@@ -29,6 +29,7 @@ from proxy.errors import (
     unexpected_error_handler,
     unstorable_handler,
 )
+from proxy.openapi import openapi_json
 from proxy.playground import PLAYGROUND_PATHS, PLAYGROUND_ROUTES
 from proxy.responses import conversations
 from proxy.responses.compaction import compact_response
@@ -112,6 +113,7 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/openapi.json", openapi_json, methods=["GET"]),
             *PLAYGROUND_ROUTES,
         ],
         exception_handlers={

@@ -223,9 +223,12 @@ async def _frames(
 ) -> AsyncGenerator[bytes, None]:
     """One item per engine step; the chunk's fixed parts are rendered once, so a step costs one string escape."""
     options = body.get("stream_options") or {}
+    # With include_usage every chunk but the last has `usage: null`, as OpenAI streams them.
+    usage = {"usage": None} if options.get("include_usage") else {}
+    end_chunk = b',"usage":null}\n\n' if usage else b"}\n\n"
     before = b"data: " + _json(completion.head)[:-1].encode() + b',"choices":[{"index":0,"text":'  # up to the text
-    after = b',"logprobs":null,"finish_reason":null}]}\n\n'
-    ids_after = b'],"logprobs":null,"finish_reason":null}]}\n\n'
+    after = b',"logprobs":null,"finish_reason":null}]' + end_chunk
+    ids_after = b'],"logprobs":null,"finish_reason":null}]' + end_chunk
 
     def chunk(text: str, tokens: list[int]) -> bytes:
         escaped = encode_basestring(text).encode()
@@ -252,7 +255,7 @@ async def _frames(
             choice: dict[str, Any] = {"index": 0, "text": tail, "logprobs": None, **completion.finish(outcome)}
             if completion.return_token_ids:
                 choice["token_ids"] = []
-            end = data_frame(_json({**completion.head, "choices": [choice]}))
+            end = data_frame(_json({**completion.head, "choices": [choice], **usage}))
             if options.get("include_usage"):
                 end += data_frame(_json({**completion.head, "choices": [], "usage": _usage(outcome)}))
     except EngineError as exc:

@@ -3,12 +3,16 @@
 Nothing is written twice: each request body is the schema its route validates against, with the parts a route
 checks one by one (chat messages by role, Responses input items by type, tools by type) put in place, so that a
 schema-driven client (tests/test_fuzz_routes.py runs schemathesis with it) reaches the checks behind the first.
-The WebSocket of the Responses API is not an OpenAPI operation; its messages are fuzzed on their own.
+The WebSocket of the Responses API is not an OpenAPI operation; its messages are fuzzed on their own. The server
+serves the document at `GET /openapi.json`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 from proxy.chat.schema import CHAT_REQUEST, MESSAGES
 from proxy.completions import COMPLETIONS_REQUEST
@@ -69,7 +73,7 @@ def openapi_document() -> dict[str, Any]:
             "/v1/completions": _post(COMPLETIONS_REQUEST),
             "/v1/responses": _post(responses),
             "/v1/responses/input_tokens": _post(responses),
-            "/v1/responses/compact": _post(responses),
+            "/v1/responses/compact": _post({**responses, "required": ["model"]}),  # as OpenAI, and the route
             "/v1/responses/{response_id}": {"get": _operation((response_id,), [("stream", _STRING),
                                                                                 ("starting_after", _STRING)]),
                                             "delete": _operation((response_id,))},
@@ -88,5 +92,11 @@ def openapi_document() -> dict[str, Any]:
             "/v1/models": {"get": _operation((), [("client_version", _STRING)])},
             "/v1/models/{model}": {"get": _operation(("model",))},
             "/health": get, "/live": get, "/ready": get, "/metrics": get, "/": get, "/playground": get,
+            "/openapi.json": get,
         },
     }
+
+
+async def openapi_json(request: Request) -> JSONResponse:
+    """`GET /openapi.json`: the document, for clients and fuzzers to read."""
+    return JSONResponse(openapi_document())

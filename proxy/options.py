@@ -124,10 +124,13 @@ def generation_request(
             param=prompt_param if requested is None or prompt_length >= max_model_len else max_tokens_param,
             code="context_length_exceeded",
         )
+    # top_p 0 keeps only the likeliest token (OpenAI accepts it): greedy decoding, which engines take as
+    # temperature 0 (vLLM and TensorRT-LLM refuse a top_p of 0), as proxy/completions.py does.
+    greedy = options.top_p == 0
     sampling = SamplingParams(
         max_tokens=requested if requested is not None else max_model_len - prompt_length,
-        temperature=options.temperature,
-        top_p=options.top_p,
+        temperature=0.0 if greedy else options.temperature,
+        top_p=None if greedy else options.top_p,
         seed=options.seed,
         stop_token_ids=vocab.stop_token_ids,
         min_tokens=options.min_tokens,

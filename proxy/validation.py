@@ -251,4 +251,21 @@ def _as_api_error(error: ValidationError, prefix: str) -> APIError:
             param=param or None,
             code="invalid_value",
         )
+    if error.validator in _BOUNDS and isinstance(error.instance, int | float):
+        return _out_of_bounds(error, where, param)
     return invalid_request(f"Invalid value for {where}: {error.message}.", param=param or None)
+
+
+# A number past a bound, worded as OpenAI words it: "Invalid 'max_output_tokens': integer below minimum value.
+# Expected a value >= 16, but got 10 instead." (code `integer_below_min_value`; `decimal_...` for a number).
+_BOUNDS = {"minimum": ("below", "min", ">="), "exclusiveMinimum": ("below", "min", ">"),
+           "maximum": ("above", "max", "<="), "exclusiveMaximum": ("above", "max", "<")}
+
+
+def _out_of_bounds(error: ValidationError, where: str, param: str) -> APIError:
+    side, bound, relation = _BOUNDS[str(error.validator)]
+    types = error.schema.get("type") if isinstance(error.schema, dict) else None
+    kind = "integer" if types == "integer" or (isinstance(types, list) and "number" not in types) else "decimal"
+    return invalid_request(f"Invalid {where}: {kind} {side} {bound}imum value. Expected a value {relation} "
+                           f"{error.validator_value}, but got {error.instance} instead.", param=param or None,
+                           code=f"{kind}_{side}_{bound}_value")

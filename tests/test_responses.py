@@ -249,7 +249,7 @@ def test_background_response_and_cancel(serve: Callable[..., LiveServer], vocab:
 
 def test_incomplete_and_failed(serve: Callable[..., LiveServer], vocab: Any) -> None:
     client = client_for(serve(completions=[ANSWER]))
-    cut = client.responses.create(model=MODEL, input="hi", max_output_tokens=5)
+    cut = client.responses.create(model=MODEL, input="hi", max_output_tokens=16)
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
     assert cut.output[-1].status == "incomplete"
     validate_resource(cut.model_dump(mode="json", exclude_unset=True))

@@ -19,7 +19,7 @@ import websockets
 from benchmarks.sealed_replay import KEY, measure, plain_body, replay_body
 from proxy.errors import APIError
 from proxy.responses.request.unseal import Unsealer
-from proxy.responses.sealing import REASONING, Sealer, TooLarge
+from proxy.responses.sealing import AGENT_MESSAGE, REASONING, Sealer, TooLarge
 from tests.conftest import MODEL
 from tests.test_request_stalls import HealthWatch
 from tests.test_store_processes import ServerProcess
@@ -97,9 +97,9 @@ class CountingSealer(Sealer):
 
     opened = 0
 
-    def open(self, kind: str, blob: str, max_bytes: int | None = None) -> dict[str, Any] | None:
+    def open(self, kind: str, blob: str, max_bytes: int | None = None, refused: Any = None) -> dict[str, Any] | None:
         self.opened += 1
-        return super().open(kind, blob, max_bytes)
+        return super().open(kind, blob, max_bytes, refused)
 
 
 def test_a_blob_opens_once_per_request_and_never_past_the_budget() -> None:
@@ -128,3 +128,38 @@ def test_a_compaction_summary_is_budgeted_too() -> None:
     with pytest.raises(APIError):
         Unsealer(sealer, 5_000).summary(blob, "input[0]")
 
+
+
+def _agent_messages(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": MODEL, "input": [{"role": "user", "content": "hi"}, *(
+        {"type": "agent_message", "author": "/root", "recipient": "/root/worker", "content": [part]}
+        for part in parts)]}
+
+
+def test_forged_agent_message_blobs_are_opened_off_the_loop_and_logged_once(server: ServerProcess) -> None:
+    """15,000 `agent_message` items, each with a forged blob (this server's prefix, a ciphertext altered so it does
+    not authenticate): opened in a worker thread, as top-level blobs are, and logged in one line, not 15,000.
+    Before: /health held 7.3-9.5 s (control 0.09-0.29 s), 15,000 warnings. The control is the same items with
+    their blobs as plain text parts of the same length, measured in the same test."""
+    sealer = Sealer(KEY)
+    forged = []
+    for n in range(15000):
+        blob = sealer.seal(AGENT_MESSAGE, {"text": f"task {n}"})
+        forged.append(blob[:-8] + ("A" if blob[-8] != "A" else "B") + blob[-7:])  # one ciphertext character off
+    plain = [{"type": "input_text", "text": "x" * len(blob)} for blob in forged]
+    sealed = [{"type": "encrypted_content", "encrypted_content": blob} for blob in forged]
+    path = "/v1/responses/input_tokens"
+    logged_before = server.log_text().count("ignored the encrypted_content")
+    control = _quicker(server, path, _agent_messages(plain))
+    figure = _quicker(server, path, _agent_messages(sealed))
+    logged = server.log_text().count("ignored the encrypted_content") - logged_before
+    print(f"\n15,000 forged agent_message blobs: {figure}; plain text of the same size: {control}; {logged} log lines")
+    assert control["status"] == figure["status"] == 200
+    assert logged == 2  # one a request
+    assert figure["health"] < 3 * control["health"]  # before: 8x (1.04 s against 0.13 s)
+
+
+def _quicker(server: ServerProcess, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The figures of the try that held /health the least, of two."""
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    return min((measure(server, path, raw) for _ in range(2)), key=lambda figure: figure["health"])

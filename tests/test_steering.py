@@ -6,9 +6,14 @@ arrives while a tool call is written waits (`response.steer.pending`) and goes f
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
+import websockets
 from openai import AsyncOpenAI
 from openai.types.beta import (
     BetaResponseIncompleteEvent,
@@ -17,10 +22,13 @@ from openai.types.beta import (
     BetaResponseSteerPendingEvent,
 )
 
+from benchmarks.sealed_replay import rss_kib
 from proxy.engines.scripted import scripted_engine
+from proxy.responses import steering
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
 from tests.test_e2e_chat import ANSWER, CALL
+from tests.test_store_processes import ServerProcess
 from tests.test_websocket import TOOLS, http_events
 
 THINKING = ("<|channel|>analysis<|message|>" + " ".join(f"Step {n} of checking the forecast." for n in range(80))
@@ -159,3 +167,80 @@ def test_steers_that_cannot_be_taken_fail_with_their_input(serve: Callable[..., 
     assert failures[0].steer.input == "Hello?" and failures[0].steer.id is None
     assert failures[2].steer.input == [{"role": "assistant", "content": "No."}]  # returned as sent
     assert "user" in failures[2].error.message
+
+
+def test_a_connections_steers_are_bounded_in_bytes() -> None:
+    """Queued and held steers count against one budget (the connection's turns' budget); past it, a steer fails
+    and nothing is kept; what a response takes, or a create commits, goes back to the budget."""
+    small, big = steering.read_steer({"type": "response.steer", "previous_response_id": "resp_a", "input": "x"}), \
+        steering.read_steer({"type": "response.steer", "previous_response_id": "resp_a", "input": "y" * 4000})
+    steers = steering.Steers(max_bytes=10_000)
+    steers.queue(big)
+    steers.queue(big)
+    with pytest.raises(steering.SteerError) as refused:
+        steers.queue(big)
+    assert refused.value.code == "steer_budget_exceeded" and "MiB" in refused.value.message
+    steers.queue(small)
+    assert big.size > 4000 and steers.used == 2 * big.size + small.size
+    assert steers.hold("resp_a", steers.take("resp_a")) == [] and steers.used == 2 * big.size + small.size
+    continued = steers.held_input({"previous_response_id": "resp_a", "input": "done"})
+    assert len(continued["input"]) == 4 and steers.used == 0
+
+
+def test_steers_past_the_budget_fail_and_the_server_stays_small(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 steers of 4 MiB sent at a response writing a tool call (held for the create that brings its output). Before:
+    all 16 accepted and held, 64 MiB kept per response, 4 GiB per connection (32 responses); now those past the
+    connection's budget fail with `steer_budget_exceeded`, and the process keeps no more than that. The control,
+    first on the same connection: the same 16 steers sent to no response, all failed, none kept. Strings this
+    large are given back to the system when freed (glibc's mmap threshold fixed at 1 MiB: left to itself, it
+    rises after the first free and keeps them on the heap), so RSS shows what is kept."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+    script = tmp_path / "script.jsonl"
+    script.write_text(json.dumps({"completion": CALL.replace("Paris", "Paris" + ", France" * 400)}) + "\n")
+    server = ServerProcess(script, tmp_path / "store.sqlite3", tmp_path / "server.log", "--token-delay-ms", "20")
+    big = "Actually, London. " + "x" * (4 << 20)
+    grew: dict[str, int] = {}
+
+    async def steer_16(socket: Any, target: str) -> list[dict[str, Any]]:
+        for _ in range(16):
+            await socket.send(json.dumps({"type": "response.steer", "input": big, "previous_response_id": target}))
+        answers = []
+        while len(answers) < 16:
+            event = json.loads(await asyncio.wait_for(socket.recv(), 60))
+            if event["type"] in ("response.steer.pending", "response.steer.failed"):
+                answers.append(event)
+        return answers
+
+    async def run() -> list[dict[str, Any]]:
+        async with websockets.connect(server.url.replace("http://", "ws://") + "/v1/responses",
+                                      max_size=None) as socket:
+            before = rss_kib(server.process.pid)
+            assert {event["error"]["code"] for event in await steer_16(socket, "resp_nothing")} == {
+                "response_not_found"}
+            grew["control"] = rss_kib(server.process.pid) - before
+            await socket.send(json.dumps({"type": "response.create", **SETTINGS, "input": "Weather in Paris?"}))
+            events = [json.loads(await socket.recv())]
+            while not (events[-1]["type"] == "response.output_item.added"
+                       and events[-1]["item"]["type"] == "function_call"):
+                events.append(json.loads(await asyncio.wait_for(socket.recv(), 30)))
+            answers = await steer_16(socket, events[0]["response"]["id"])
+            grew["steered"] = rss_kib(server.process.pid) - before
+            return answers
+
+    try:
+        httpx.get(server.url + "/health", timeout=30)
+        answers = asyncio.run(run())
+    finally:
+        server.stop()
+    kinds = [answer["type"] for answer in answers]
+    budget = steering.MAX_BYTES
+    kept = kinds.count("response.steer.pending")
+    print(f"\n16 steers of 4 MiB: {kept} held, {kinds.count('response.steer.failed')} failed; the server's RSS grew "
+          f"{grew['steered'] / 1024:.0f} MiB (control, none held: {grew['control'] / 1024:.0f} MiB; budget "
+          f"{budget >> 20} MiB)")
+    assert 0 < kept < 16 and kept * len(big) <= budget
+    assert {answer["error"]["code"] for answer in answers if answer["type"] == "response.steer.failed"} == {
+        "steer_budget_exceeded"}
+    assert grew["control"] * 1024 < budget  # what is not held is not kept
+    assert grew["steered"] * 1024 < 2 * budget  # before: 16 x 4 MiB held

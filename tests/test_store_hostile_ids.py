@@ -103,7 +103,7 @@ def _generated_tokens(server: ServerProcess) -> float:
 
 
 def _answers(server: ServerProcess) -> dict[str, tuple[int, Any]]:
-    response = server.create(input="first", max_output_tokens=2)
+    response = server.create(input="first", max_output_tokens=16)
     conversation = server.request("POST", "/v1/conversations", json={"items": [_message("msg_1")]}).json()
     before = _generated_tokens(server)
     answers = {}

@@ -76,7 +76,7 @@ def test_two_replicas_share_one_database(replicas: Any) -> None:
 
     # A streamed response on one, read on the other.
     with httpx.stream("POST", one.url + "/v1/responses", timeout=30,
-                      json={"model": MODEL, "input": "hi", "stream": True, "max_output_tokens": 5}) as streamed:
+                      json={"model": MODEL, "input": "hi", "stream": True, "max_output_tokens": 16}) as streamed:
         events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: ")]
     final = events[-1]["response"]
     assert final["status"] == "incomplete"
@@ -84,9 +84,9 @@ def test_two_replicas_share_one_database(replicas: Any) -> None:
     assert two.get(final["id"]) == final
 
     # A chain continued across them: each replica renders the whole chain from the shared store.
-    first = one.create(input="first question", max_output_tokens=3)
-    second = two.create(input="second question", max_output_tokens=3, previous_response_id=first["id"])
-    third = one.create(input="third question", max_output_tokens=3, previous_response_id=second["id"])
+    first = one.create(input="first question", max_output_tokens=16)
+    second = two.create(input="second question", max_output_tokens=16, previous_response_id=first["id"])
+    third = one.create(input="third question", max_output_tokens=16, previous_response_id=second["id"])
     assert third["previous_response_id"] == second["id"]
     assert _count(one, previous_response_id=third["id"]) == _count(two, previous_response_id=third["id"]) \
         > _count(two, previous_response_id=second["id"]) > _count(one, previous_response_id=first["id"])
@@ -96,7 +96,7 @@ def test_two_replicas_share_one_database(replicas: Any) -> None:
     # A conversation: made on one, a response in it on the other, its items listed on the first.
     conversation = one.request("POST", "/v1/conversations", json={"items": [{"role": "user",
                                                                               "content": "I am in Paris."}]}).json()
-    answered = two.create(input="Weather?", conversation=conversation["id"], max_output_tokens=3)
+    answered = two.create(input="Weather?", conversation=conversation["id"], max_output_tokens=16)
     listed = one.request("GET", f"/v1/conversations/{conversation['id']}/items", params={"order": "asc"}).json()
     assert [item["id"] for item in listed["data"][1:]] == [
         two.request("GET", f"/v1/responses/{answered['id']}/input_items").json()["data"][0]["id"],
@@ -116,7 +116,7 @@ def test_sigkill_loses_nothing_acknowledged(replicas: Any) -> None:
         added = server.request("POST", f"/v1/conversations/{conversation['id']}/items",
                                json={"items": [{"role": "user", "content": f"m{n}"}]})
         assert added.status_code == 200
-        acknowledged.append(server.create(input=f"q{n}", max_output_tokens=2))
+        acknowledged.append(server.create(input=f"q{n}", max_output_tokens=16))
     job = one.create(background=True)
     _wait(lambda: _text(two.get(job["id"])))
     for victim, survivor in [(one, two), (two, None)]:
@@ -134,7 +134,7 @@ def test_sigkill_loses_nothing_acknowledged(replicas: Any) -> None:
 
 def test_database_restart_gives_503s_and_recovers(replicas: Any, postgres: PostgresServer, postgres_url: str) -> None:
     (server,) = replicas()
-    kept = server.create(input="kept", max_output_tokens=2)
+    kept = server.create(input="kept", max_output_tokens=16)
     job = server.create(background=True, max_output_tokens=100)  # about 2 s at 20 ms a token
     _wait(lambda: _text(server.get(job["id"])))
     postgres.stop()
@@ -149,7 +149,7 @@ def test_database_restart_gives_503s_and_recovers(replicas: Any, postgres: Postg
                                                 "type": "server_error", "param": None, "code": "store_unavailable"}
             assert response.headers["retry-after"] == "2"
         # Generated, but not stored: the response says so rather than announce itself stored.
-        lost = server.create(input="hi", max_output_tokens=2)
+        lost = server.create(input="hi", max_output_tokens=16)
         assert lost["status"] == "failed" and lost["error"]["code"] == "store_unavailable"
         assert server.request("GET", "/health").status_code == 200  # the process itself is fine
         assert server.request("GET", "/ready").json()["error"]["code"] == "store_unavailable"  # send no traffic
@@ -167,7 +167,7 @@ def test_database_restart_gives_503s_and_recovers(replicas: Any, postgres: Postg
     assert _wait(lambda: server.request("GET", f"/v1/responses/{kept['id']}").status_code == 200)
     assert server.request("GET", "/ready").status_code == 200
     assert server.get(job["id"])["status"] == "incomplete"
-    follow = server.create(input="again", max_output_tokens=2, previous_response_id=kept["id"])
+    follow = server.create(input="again", max_output_tokens=16, previous_response_id=kept["id"])
     assert follow["previous_response_id"] == kept["id"]
     assert server.request("GET", f"/v1/responses/{lost['id']}").status_code == 404
 

@@ -187,6 +187,12 @@ def _items(messages: list[dict[str, Any]]) -> list[Item]:
 def _user_text(content: Any, position: int) -> str:
     if isinstance(content, list):
         for index, part in enumerate(content):
+            where = f"messages[{position}].content[{index}].text"
+            if part["type"] == "text" and "text" not in part:
+                raise invalid_request(f"Missing required parameter: '{where}'.", param=where,
+                                      code="missing_required_parameter")
+            if part["type"] == "text" and not isinstance(part["text"], str):
+                raise invalid_request(f"Invalid type for '{where}': expected a string.", param=where)
             if part["type"] != "text" or not isinstance(part.get("text"), str):
                 raise invalid_request(
                     f"Content part type {part['type']!r} is not supported: gpt-oss takes text only.",

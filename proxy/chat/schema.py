@@ -215,7 +215,7 @@ CHAT_REQUEST: dict[str, Any] = {
         "max_tokens": {"type": ["integer", "null"], "minimum": 1},
         "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
         "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
-        "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+        "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},  # 0: greedy (proxy/options.py)
         "seed": {"type": ["integer", "null"]},
         "stop": {
             "anyOf": [

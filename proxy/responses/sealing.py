@@ -9,10 +9,10 @@ shared by replicas) or, without one, a random key made at start.
 A blob is `base64url(version | key id | nonce | ciphertext)`. The associated data binds the issuer, the
 version, the key id and the kind of blob (a compaction blob cannot pass as reasoning). The plaintext is a
 zlib-compressed JSON object. A blob that is not ours, was altered, was sealed under another key or by another
-version opens to None, with a warning in the log: the caller falls back on the item's plain text, so a long
-session never fails on an old blob. A few hundred characters may hold tens of thousands of tokens, so a blob is
-decompressed within a limit the caller gives (`TooLarge` past it; proxy/responses/request/unseal.py budgets a
-request's blobs).
+version opens to None, with a warning in the log (or told to the caller's `refused`): the caller falls back on
+the item's plain text, so a long session never fails on an old blob. A few hundred characters may hold tens of
+thousands of tokens, so a blob is decompressed within a limit the caller gives (`TooLarge` past it;
+proxy/responses/request/unseal.py budgets a request's blobs).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import logging
 import os
 import secrets
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,39 +81,53 @@ class Sealer:
         sealed = self._aead.encrypt(nonce, plain, self._associated(kind, VERSION, self.key_id))
         return base64.urlsafe_b64encode(header + sealed).decode("ascii")
 
-    def open(self, kind: str, blob: str, max_bytes: int | None = None) -> dict[str, Any] | None:
-        """The payload, or None (logged) for a blob that is not one of ours under this key and version.
-        `max_bytes`: the longest plaintext to decompress; a longer one raises TooLarge, having built no more."""
+    def open(self, kind: str, blob: str, max_bytes: int | None = None,
+             refused: Callable[[str, str], None] | None = None) -> dict[str, Any] | None:
+        """The payload, or None for a blob that is not one of ours under this key and version: `refused(kind, why)`
+        is told why (by default, a warning in the log). `max_bytes`: the longest plaintext to decompress; a longer
+        one raises TooLarge, having built no more."""
+        payload = self._open(kind, blob, max_bytes)
+        if isinstance(payload, str):
+            (refused or _log_refused)(kind, payload)
+            return None
+        return payload
+
+    def _open(self, kind: str, blob: str, max_bytes: int | None) -> dict[str, Any] | str:
+        """The payload, or why there is none."""
         try:
             raw = base64.urlsafe_b64decode(blob.encode("ascii"))
         except (binascii.Error, UnicodeEncodeError, ValueError):
             raw = b""
         if len(raw) <= _HEADER:
-            return _refused(kind, "it is not a harmony-proxy blob")
+            return "it is not a harmony-proxy blob"
         version, key_id, nonce = raw[0], raw[1:1 + _KEY_ID_BYTES], raw[1 + _KEY_ID_BYTES:_HEADER]
         if version != VERSION:
-            return _refused(kind, f"it was sealed by format version {version}, this server reads {VERSION}")
+            return f"it was sealed by format version {version}, this server reads {VERSION}"
         if key_id != self.key_id:
-            return _refused(kind, "it was sealed under another key (set the same --reasoning-key on every replica)")
+            return "it was sealed under another key (set the same --reasoning-key on every replica)"
         try:
             plain = self._aead.decrypt(nonce, raw[_HEADER:], self._associated(kind, version, key_id))
             payload = json.loads(_decompress(plain, max_bytes))
         except (InvalidTag, zlib.error, ValueError):
-            return _refused(kind, "it does not authenticate (altered, or not a blob of this kind)")
-        return payload if isinstance(payload, dict) else _refused(kind, "its payload is not an object")
+            return "it does not authenticate (altered, or not a blob of this kind)"
+        return payload if isinstance(payload, dict) else "its payload is not an object"
 
     def seal_reasoning(self, tokens: Sequence[int] | None, text: str) -> str:
         return self.seal(REASONING, {"tokens": list(tokens)} if tokens is not None else {"text": text})
 
-    def open_reasoning(self, blob: str, max_bytes: int | None = None) -> SealedReasoning | None:
-        payload = self.open(REASONING, blob, max_bytes)
+    def open_reasoning(self, blob: str, max_bytes: int | None = None,
+                       refused: Callable[[str, str], None] | None = None) -> SealedReasoning | None:
+        payload = self.open(REASONING, blob, max_bytes, refused)
         if payload is None:
             return None
         tokens = payload.get("tokens")
         if isinstance(tokens, list) and all(type(token) is int and token >= 0 for token in tokens):
             return SealedReasoning(tuple(tokens), "")
         text = payload.get("text")
-        return SealedReasoning(None, text) if isinstance(text, str) else _refused(REASONING, "its payload is empty")
+        if isinstance(text, str):
+            return SealedReasoning(None, text)
+        (refused or _log_refused)(REASONING, "its payload is empty")
+        return None
 
     @staticmethod
     def _associated(kind: str, version: int, key_id: bytes) -> bytes:
@@ -133,7 +147,7 @@ def _decompress(plain: bytes, max_bytes: int | None) -> bytes:
     return data
 
 
-def _refused(kind: str, why: str) -> None:
+def _log_refused(kind: str, why: str) -> None:
     logger.warning("ignored the encrypted_content of a %s item: %s; rendering the item's text, if it has any",
                    kind, why)
 

@@ -11,6 +11,10 @@ A response that ends by itself before the boundary is followed by a successor to
 client's tool output: then the input stays queued (`response.steer.pending`, with `required_input` stubs for the
 outputs) and goes first in the input of the `response.create` that continues that response. A steer that cannot
 be taken, or input that cannot be committed, comes back in `response.steer.failed`.
+
+What a connection's steers hold, queued and held together, is bounded in bytes by its turns' budget
+(proxy/responses/turns.py `CONNECTION_BYTES`, measured as turns are): a steer past it fails with
+`steer_budget_exceeded`, as one past `MAX_QUEUED` fails with `too_many_pending_steers`.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.ids import new_id
+from proxy.responses.turns import CONNECTION_BYTES, value_bytes
 
 MAX_QUEUED = 16  # steers waiting for one response
 MAX_HELD = 32  # responses of a connection whose steers wait for the tool output that continues them
+MAX_BYTES = CONNECTION_BYTES  # all of a connection's steers, queued or held
 _TEXT = {"input_text", "text"}
 
 
@@ -37,6 +43,7 @@ class Steer:
     target: str  # the response it steers
     input: Any  # as sent: returned in `response.steer.failed`
     items: list[dict[str, Any]]  # the user messages, as input items
+    size: int = 0  # bytes held by `input` and `items`
 
 
 def read_steer(event: dict[str, Any]) -> Steer:
@@ -55,8 +62,8 @@ def read_steer(event: dict[str, Any]) -> Steer:
         messages = raw
     else:
         raise SteerError("invalid_input", "`input` must be a string or a non-empty array of user messages.")
-    return Steer(new_id("steer_"), target, raw, [_message(message, position) for position, message in
-                                                 enumerate(messages)])
+    items = [_message(message, position) for position, message in enumerate(messages)]
+    return Steer(new_id("steer_"), target, raw, items, value_bytes((raw, items)))
 
 
 def _message(message: Any, position: int) -> dict[str, Any]:
@@ -86,38 +93,55 @@ def refusal(body: dict[str, Any]) -> SteerError | None:
 
 class Steers:
     """A connection's accepted steers: queued for a running response, or held for the create that continues a
-    response which ended waiting for tool output (`MAX_QUEUED` per response, `MAX_HELD` responses held)."""
+    response which ended waiting for tool output (`MAX_QUEUED` per response, `MAX_HELD` responses held, `max_bytes`
+    in all)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
         self._queued: dict[str, list[Steer]] = {}
         self._held: dict[str, list[Steer]] = {}
+        self._max_bytes = max_bytes
+        self.used = 0  # bytes of the steers queued or held
 
     def queue(self, steer: Steer) -> None:
         queued = self._queued.setdefault(steer.target, [])
         if len(queued) >= MAX_QUEUED:
             raise SteerError("too_many_pending_steers", f"{MAX_QUEUED} steers already wait for this response.")
+        if self.used + steer.size > self._max_bytes:
+            raise SteerError("steer_budget_exceeded", f"The steers waiting on this connection would hold more than "
+                                                      f"{self._max_bytes >> 20} MiB; send less, or wait for them to "
+                                                      "be taken.")
         queued.append(steer)
+        self.used += steer.size
 
     def take(self, response_id: str) -> list[Steer]:
-        return self._queued.pop(response_id, [])
+        """The steers queued for a response that ended: no longer this connection's to hold (`hold` them, or
+        they go into a create)."""
+        steers = self._queued.pop(response_id, [])
+        self.used -= sum(steer.size for steer in steers)
+        return steers
 
     def hold(self, response_id: str, steers: list[Steer]) -> list[Steer]:
         """Keep `steers` for the create that continues `response_id`; those of the oldest response beyond
         `MAX_HELD` are dropped and returned (to be failed)."""
         self._held.setdefault(response_id, []).extend(steers)
+        self.used += sum(steer.size for steer in steers)
         if len(self._held) <= MAX_HELD:
             return []
-        return self._held.pop(next(iter(self._held)))
+        return self._release(self._held.pop(next(iter(self._held))))
 
     def held_input(self, body: dict[str, Any]) -> dict[str, Any]:
         """`body` with the steers held for its `previous_response_id` first in its input."""
-        held = self._held.pop(body.get("previous_response_id"), None) if isinstance(
+        held = self._release(self._held.pop(body.get("previous_response_id"), [])) if isinstance(
             body.get("previous_response_id"), str) else None
         if not held:
             return body
         given = body.get("input")
         given = [{"role": "user", "content": given}] if isinstance(given, str) else list(given or [])
         return {**body, "input": [*(item for steer in held for item in steer.items), *given]}
+
+    def _release(self, steers: list[Steer]) -> list[Steer]:
+        self.used -= sum(steer.size for steer in steers)
+        return steers
 
 
 def successor(body: dict[str, Any], response_id: str, steers: list[Steer]) -> dict[str, Any]:

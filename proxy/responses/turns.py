@@ -185,6 +185,11 @@ def _ends_unphased(items: list[dict[str, Any]]) -> bool:
     return False
 
 
+def value_bytes(value: Any) -> int:
+    """Bytes of a JSON-like value, measured as a turn's are (a string it holds twice counts once)."""
+    return _size(value, set())
+
+
 def _size(value: Any, seen: set[int]) -> int:
     """Bytes of a JSON-like value or a frozen dataclass of them, containers and leaves; strings in `seen` (by id)
     are counted already."""

@@ -1,5 +1,6 @@
 """Input items as OpenAI lists them back (`GET .../input_items`): each checked against its type's schema, given an
-id and a type, string content made text parts; a text part without its text is a 400, as OpenAI answers."""
+id and a type, string content made text parts, an image's `detail` OpenAI's default (`auto`) when not given; a text
+part without its text is a 400, as OpenAI answers."""
 
 from __future__ import annotations
 
@@ -60,6 +61,9 @@ def _normalize(item: Any, where: str) -> dict[str, Any]:
         content = item["content"]
         if isinstance(content, str):
             content = [{"type": part, "text": content, **({"annotations": []} if part == "output_text" else {})}]
+        # An image's `detail` is OpenAI's default when not given: its SDKs' types require it on what comes back.
+        content = [{**piece, "detail": "auto"} if piece["type"] == "input_image" and piece.get("detail") is None
+                   else piece for piece in content]
         for index, piece in enumerate(content):
             if piece["type"] == "input_image" and item["role"] == "user":
                 continue  # read as a note (content.py)

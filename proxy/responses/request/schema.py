@@ -12,6 +12,7 @@ from proxy.options import API_EFFORTS
 from proxy.responses.output.server_items import SERVER_ITEMS
 from proxy.validation import METADATA
 
+MIN_OUTPUT_TOKENS = 16  # OpenAI's least `max_output_tokens`
 _NULLABLE_BOOL = {"type": ["boolean", "null"]}
 _STRING = {"type": "string"}
 
@@ -262,9 +263,10 @@ RESPONSES_REQUEST: dict[str, Any] = _object([], {
         "context": {"enum": ["auto", "current_turn", "all_turns", None]},
         "mode": {"type": ["string", "null"]},  # only "standard" (request.py)
     }, "additionalProperties": False},
-    "max_output_tokens": {"type": ["integer", "null"], "minimum": 1},
+    # OpenAI's minimum: fewer is a 400 `integer_below_min_value` there (proxy/validation.py words it the same).
+    "max_output_tokens": {"type": ["integer", "null"], "minimum": MIN_OUTPUT_TOKENS},
     "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
-    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+    "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},  # 0: greedy (proxy/options.py)
     "text": {"type": ["object", "null"], "properties": {
         "format": {"anyOf": [{"type": "null"}, _FORMAT]},
         "verbosity": {"enum": ["low", "medium", "high", None]},  # proxy/options.py: VERBOSITY_NOTES
