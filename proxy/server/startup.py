@@ -257,6 +257,7 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
     if name == "mock":
         return mock_engine(vocab, delay, args.tokens_per_step)
     if name == "upstream":
+        from proxy.engines.kv_subscriber import EventBudget
         from proxy.engines.upstream import UpstreamEngine
 
         if not args.upstream_url:
@@ -265,7 +266,9 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
         return UpstreamEngine(vocab, args.upstream_url, model,
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
                               args.upstream_read_timeout, args.upstream_guided_decoding, args.upstream_routing,
-                              kv_events=args.upstream_kv_events == "auto")
+                              kv_events=args.upstream_kv_events == "auto",
+                              kv_events_budget=EventBudget(args.upstream_kv_events_budget * 2**20),
+                              kv_events_bind=tuple(args.upstream_kv_events_bind))
     from proxy.engines.trtllm import TrtllmEngine
 
     engine = TrtllmEngine(trtllm_command(args), vocab, args.guided_decoding_backend)
