@@ -1,4 +1,5 @@
-"""A KV-cache event publisher on the wire as vLLM's, in a process of its own: `python -m tests.kv_publisher`.
+"""A replica's KV-cache events as vLLM serves them: its publisher (in a process of its own: `python -m
+tests.kv_publisher`) and its HTTP answers about them (`replica_app`).
 
 vLLM's `ZmqEventPublisher` (vllm/distributed/kv_events.py) binds a PUB socket and sends each batch as three frames:
 the topic, the sequence number (8 bytes, big-endian), and a msgpack `KVEventBatch` (an array-like struct: ts, the
@@ -23,6 +24,10 @@ from typing import Any
 
 import msgspec
 import zmq
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route
 
 
 class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
@@ -54,6 +59,27 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 
 KINDS = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved, "AllBlocksCleared": AllBlocksCleared}
+
+
+def replica_app(sources: dict[str, Any], metrics: str = "") -> Starlette:
+    """What a vLLM replica answers about its events: `/kv_event_sources` (its publishers by data-parallel rank,
+    vllm/entrypoints/serve/instrumentator/basic.py) and `/metrics`; and `/v1/models` for health checks."""
+
+    async def kv_event_sources(request: Request) -> JSONResponse:
+        return JSONResponse(sources)
+
+    async def metrics_text(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(metrics)
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    return Starlette(routes=[Route("/kv_event_sources", kv_event_sources), Route("/metrics", metrics_text),
+                             Route("/v1/models", models)])
+
+
+def source(endpoint: str) -> dict[str, Any]:
+    return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": ""}
 
 
 def main() -> None:

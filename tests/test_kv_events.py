@@ -22,17 +22,13 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse
-from starlette.routing import Route
 
 from proxy.engines import kv_subscriber
 from proxy.engines.kv_events import HeldBlocks, ReplicaBlocks, chained_keys
 from proxy.engines.kv_subscriber import EventBudget, EventSubscriber, Publisher, cache_capacity, find_publishers
 from proxy.engines.routing import BLOCK_TOKENS, CacheAwareRouter
 from tests.conftest import LiveServer
-from tests.kv_publisher import BlockStored, KVEventBatch
+from tests.kv_publisher import BlockStored, KVEventBatch, replica_app, source
 from tests.vllm_server import free_port
 
 SIZE = 16
@@ -294,27 +290,6 @@ def test_the_cache_size_is_read_from_vllms_metrics() -> None:
 
 
 # A replica's publishers, on loopback
-
-
-def replica_app(sources: dict[str, Any], metrics: str = "") -> Starlette:
-    """What a vLLM replica answers about its events: `/kv_event_sources` (its publishers by data-parallel rank,
-    vllm/entrypoints/serve/instrumentator/basic.py) and `/metrics`; and `/v1/models` for health checks."""
-
-    async def kv_event_sources(request: Request) -> JSONResponse:
-        return JSONResponse(sources)
-
-    async def metrics_text(request: Request) -> PlainTextResponse:
-        return PlainTextResponse(metrics)
-
-    async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
-
-    return Starlette(routes=[Route("/kv_event_sources", kv_event_sources), Route("/metrics", metrics_text),
-                             Route("/v1/models", models)])
-
-
-def source(endpoint: str) -> dict[str, Any]:
-    return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": ""}
 
 
 async def follow(url: str, until: Callable[[EventSubscriber], bool], bindable: tuple[str, ...] = (),

@@ -66,7 +66,7 @@ class HeldBlocks:
         self._holders: dict[int, int] = {}  # chained key -> how many of the engine's blocks have those tokens
         self._blocks = 0  # entries over every (medium, group) map
         self._gpu_blocks = 0  # of them, in the GPU cache (bounded by `capacity_tokens`)
-        self._last_sequence: int | None = None
+        self.last_sequence: int | None = None
 
     def __len__(self) -> int:
         """The engine's blocks remembered (the largest map: every other entry count is at most this)."""
@@ -79,9 +79,9 @@ class HeldBlocks:
 
     def batch(self, sequence: int, events: list[dict[str, Any]]) -> None:
         """Apply one published batch; `sequence` is its number in the publisher's stream."""
-        if self._last_sequence is not None and sequence != self._last_sequence + 1:
+        if self.last_sequence is not None and sequence != self.last_sequence + 1:
             self.clear()  # missed batches (or a restarted replica): what we believe may be stale
-        self._last_sequence = sequence
+        self.last_sequence = sequence
         for event in events:
             self.apply(event)
 

@@ -112,7 +112,8 @@ class Metrics:
                                        "operation", "outcome")
         self.kv_event_batches = counter("harmony_proxy:kv_event_batches",
                                         "KV-cache event batches from upstream replicas: applied, dropped (past the "
-                                        "replica's budget) or malformed.", "replica", "outcome")
+                                        "replica's budget), malformed, or missed (lost on the way).", "replica",
+                                        "outcome")
         self.kv_event_bytes = counter("harmony_proxy:kv_event_bytes", "Bytes of those batches.", "replica", "outcome")
         self.kv_event_reconnects = counter("harmony_proxy:kv_event_reconnects",
                                            "Connections to a replica's event publisher opened again.", "replica")
@@ -145,7 +146,7 @@ class Metrics:
         """The upstream engine's KV-event counts per replica (kv_subscriber.EventCounts, blocks held), as a scrape
         finds them: each counter advances by what is new since the last."""
         for replica, (seen, blocks) in counts.items():
-            for outcome in ("applied", "dropped", "malformed"):
+            for outcome in ("applied", "dropped", "malformed", "missed"):
                 self._advance(self.kv_event_batches, getattr(seen, f"{outcome}_batches"), replica, outcome)
             for outcome in ("applied", "dropped"):
                 self._advance(self.kv_event_bytes, getattr(seen, f"{outcome}_bytes"), replica, outcome)
@@ -243,7 +244,10 @@ async def metrics_endpoint(request: Request) -> Response:
     state = request.app.state.harmony
     metrics: Metrics = state.metrics
     metrics.engine_ready(state.engine.ready)
-    kv_event_counts = getattr(state.engine, "kv_event_counts", None)  # the upstream engine's
+    engine = state.engine
+    while hasattr(engine, "inner"):  # under admission and tracing (engines/base.py EngineWrapper)
+        engine = engine.inner
+    kv_event_counts = getattr(engine, "kv_event_counts", None)  # the upstream engine's
     if kv_event_counts is not None:
         metrics.kv_events(kv_event_counts())
     body = await asyncio.to_thread(metrics.exposition)  # reading every worker's files: off the event loop
