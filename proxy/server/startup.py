@@ -262,6 +262,9 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
 
         if not args.upstream_url:
             raise StartupError("--engine upstream needs --upstream-url http://host:port/v1 (repeatable)")
+        if not args.upstream_kv_events_budget > 0:
+            raise StartupError("--upstream-kv-events-budget is in MiB per second, more than 0 (--upstream-kv-events "
+                               "off routes without the events)")
         model = args.upstream_model or args.served_model_name or DEFAULT_MODEL
         return UpstreamEngine(vocab, args.upstream_url, model,
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
