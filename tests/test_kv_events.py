@@ -268,6 +268,9 @@ def test_publishers_are_found_for_every_rank_and_only_connected_to() -> None:
     for address in ("tcp://0.0.0.0:6000", "tcp://127.0.0.1:6000", "tcp://10.9.9.9:6000"):
         found, refused = find_publishers("http://h:8000", {"0": {**source, "endpoint": address}})
         assert found == [] and "--upstream-kv-events-bind" in refused[0]
+    # vLLM publishes `tcp://*:0` as the address it bound, on the replica's host: connected to.
+    assert find_publishers("http://10.1.2.3:8000", {"0": {**source, "endpoint": "tcp://10.1.2.3:40000"}})[0] == [
+        Publisher("0", "tcp://10.1.2.3:40000", False)]
     allowed = find_publishers("http://h:8000", {"0": {**source, "endpoint": "tcp://127.0.0.1:6000"}},
                               bindable=["tcp://127.0.0.1:6000"])
     assert allowed == ([Publisher("0", "tcp://127.0.0.1:6000", True)], [])
@@ -311,9 +314,9 @@ async def follow(url: str, until: Callable[[EventSubscriber], bool], bindable: t
         return follower
 
 
-def listening(port: int) -> bool:
+def listening(host: str, port: int) -> bool:
     with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+        return probe.connect_ex((host, port)) == 0
 
 
 @pytest.fixture
@@ -353,12 +356,14 @@ def test_every_publisher_a_replica_lists_is_followed(serve_app: Callable[[Any], 
 
 def test_a_replica_cannot_make_harmony_proxy_listen_where_it_says(serve_app: Callable[[Any], LiveServer]) -> None:
     """Before: a replica naming tcp://0.0.0.0:P had harmony-proxy bind P on every interface, and anyone reaching it
-    could forge that replica's events (10 of 10 conversations moved to it). Here the address is a loopback one (the
-    tests listen on no other): harmony-proxy does not listen there, and what is sent there is not believed."""
+    could forge that replica's events (10 of 10 conversations moved to it). Here the address is another loopback
+    one than the replica's (the tests listen on no other interface): harmony-proxy does not listen there, and what
+    is sent there is not believed."""
     port = free_port()
-    replica = serve_app(replica_app({"0": source(f"tcp://127.0.0.1:{port}")}))
+    address = f"tcp://127.0.0.2:{port}"
+    replica = serve_app(replica_app({"0": source(address)}))
     forger = zmq.Context.instance().socket(zmq.PUB)
-    forger.connect(f"tcp://127.0.0.1:{port}")
+    forger.connect(address)
     prompt = tokens(2 * SIZE, 12)
     sent = iter(range(10**6))
 
@@ -370,11 +375,10 @@ def test_a_replica_cannot_make_harmony_proxy_listen_where_it_says(serve_app: Cal
         follower = asyncio.run(follow(replica.base_url, lambda f: f._task is not None and f._task.done(),
                                       action=forge))
         assert follower.publishers is None and len(follower.view) == 0
-        assert not listening(port)
+        assert not listening("127.0.0.2", port)
         # Allowed by name (--upstream-kv-events-bind), that one address is listened on, and what arrives is read.
-        follower = asyncio.run(follow(replica.base_url, lambda f: len(f.view) > 0, (f"tcp://127.0.0.1:{port}",),
-                                      action=forge))
-        assert follower.publishers == [Publisher("0", f"tcp://127.0.0.1:{port}", True)]
+        follower = asyncio.run(follow(replica.base_url, lambda f: len(f.view) > 0, (address,), action=forge))
+        assert follower.publishers == [Publisher("0", address, True)]
     finally:
         forger.close(linger=0)
 

@@ -6,10 +6,11 @@ of three frames: a topic, an 8-byte sequence number, and a msgpack `KVEventBatch
 rank with a cache of its own: every one is followed, into a `HeldBlocks` each of the replica's `ReplicaBlocks`.
 
 Where to listen. vLLM binds an endpoint with a wildcard (`tcp://*:PORT`, reached at the replica's own host) or an
-ipc path, and connects to any other address, expecting the listener to bind it. harmony-proxy only connects: to the
-replica's own host, or to an ipc path of a replica on this host. It binds only an address named by
-`--upstream-kv-events-bind`, and only when a replica names exactly that address: a replica cannot make harmony-proxy
-listen where it says (`tcp://0.0.0.0:P` would let anyone who reaches that port forge the replica's events).
+ipc path (and publishes `tcp://*:0` as the address it bound), and connects to any other address, expecting the
+listener to bind it. harmony-proxy only connects: to the replica's own host, or to an ipc path of a replica on this
+host. It binds only an address named by `--upstream-kv-events-bind`, and only when a replica names exactly that
+address: a replica cannot make harmony-proxy listen where it says (`tcp://0.0.0.0:P` would let anyone who reaches
+that port forge the replica's events).
 
 Reading. Nothing here holds the event loop for long, whatever a replica sends: a message is at most
 `MAX_MESSAGE_BYTES` (ZMQ refuses a larger one and drops the connection; it is opened again), at most `_QUEUED`
@@ -121,6 +122,10 @@ def find_publishers(replica_url: str, sources: Any,
             publishers.append(Publisher(str(rank), address, False))
         elif endpoint in bindable:  # vLLM connects to this address: ours, as the operator allowed
             publishers.append(Publisher(str(rank), endpoint, True))
+        elif urlsplit(endpoint.replace("tcp://", "http://", 1)).hostname == host:
+            # At the replica's own host: vLLM bound it (`tcp://*:0` is published as the address it bound), or
+            # connects to itself; connecting there is safe either way.
+            publishers.append(Publisher(str(rank), endpoint, False))
         else:
             refused.append(f"rank {rank}: it connects to {endpoint}, which harmony-proxy would have to listen on "
                            "(allow it with --upstream-kv-events-bind)")
@@ -267,7 +272,7 @@ class EventSubscriber:
                 if weight >= _SLICE_BYTES or index % _SLICE_EVENTS == _SLICE_EVENTS - 1:
                     weight = 0
                     await asyncio.sleep(0)
-        except (ValueError, TypeError, RecursionError, msgspec.DecodeError):
+        except Exception:  # noqa: BLE001 - whatever a batch holds, the reader goes on (and believes nothing of it)
             self.counts.malformed_batches += 1
             held.clear()
             self._warn_once("malformed", "a KV-event batch from %s could not be read: what it holds is forgotten "
