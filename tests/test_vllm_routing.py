@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from parsers.vocab import Vocab
 from proxy.engines.kv_events import chained_keys
@@ -66,9 +67,14 @@ def test_the_router_sees_what_each_real_replica_holds(replicas: list[VllmServer]
     recording = Recording(engine)
     proxy = serve(engine=recording, served_model_name=replicas[0].model)
     subscribers = engine._subscribers
-    wait_for(lambda: all(subscriber.endpoint is not None for subscriber in subscribers))
+    wait_for(lambda: all(subscriber.publishers is not None for subscriber in subscribers))
     time.sleep(1.0)  # ZMQ delivers only what is published after a subscription joins
-    held = [subscriber.held for subscriber in subscribers]
+    held = [subscriber.view for subscriber in subscribers]
+    # Each view is bounded by what its replica's cache holds, as vLLM's own /metrics says (num_gpu_blocks).
+    for replica, subscriber in zip(replicas, subscribers, strict=True):
+        info = next(family for family in text_string_to_metric_families(httpx.get(replica.url + "/metrics").text)
+                    if family.name == "vllm:cache_config_info").samples[0].labels
+        assert subscriber.view.ranks[0].capacity_tokens == int(info["num_gpu_blocks"]) * int(info["block_size"])
 
     user = " ".join(f"w{n}" for n in range(700))  # ~1,400 tokens: several of vLLM's 128-token blocks
     messages = [{"role": "user", "content": user}]
@@ -103,7 +109,7 @@ def test_a_replica_publishing_nothing_is_routed_on_what_was_sent(vllm: VllmServe
     mock = serve()
     engine = UpstreamEngine(vocab, [vllm.base_url, mock.base_url + "/v1"], vllm.model)
     serve(engine=engine, served_model_name=vllm.model)
-    wait_for(lambda: engine._subscribers[0].endpoint is not None)
+    wait_for(lambda: engine._subscribers[0].publishers is not None)
     wait_for(lambda: engine._subscribers[1]._task.done(), timeout=10)  # it asked once, and was told 404
-    assert engine._subscribers[1].endpoint is None
+    assert engine._subscribers[1].publishers is None
     assert json.loads(httpx.get(vllm.url + "/kv_event_sources", timeout=10).text)["0"]["enable_kv_cache_events"]

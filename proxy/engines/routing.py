@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.engines.kv_events import HeldBlocks, chained_keys
+from proxy.engines.kv_events import BlockView, chained_keys
 
 BLOCK_TOKENS = 64  # routing granularity; a match is counted in whole blocks
 # Tokens of a block that enter its key. Routing only needs to tell conversations apart, and a wrong match costs a
@@ -124,7 +124,7 @@ class CacheAwareRouter:
 
     def __init__(self, replicas: int, cache_blocks: int = 200_000, sessions: int = 50_000,
                  load_factor: float = 1.5, block_tokens: int = BLOCK_TOKENS,
-                 held: Sequence[HeldBlocks | None] = ()) -> None:
+                 held: Sequence[BlockView | None] = ()) -> None:
         self._replicas = replicas
         self._held = list(held) or [None] * replicas  # a replica's blocks as its own events tell, where it sends them
         self._block_tokens = block_tokens
@@ -212,7 +212,7 @@ class CacheAwareRouter:
 ROUTERS = ("cache-aware", "round-robin")
 
 
-def make_router(policy: str, replicas: int, held: Sequence[HeldBlocks | None] = ()) -> Router:
+def make_router(policy: str, replicas: int, held: Sequence[BlockView | None] = ()) -> Router:
     if policy == "cache-aware":
         return CacheAwareRouter(replicas, held=held)
     if policy == "round-robin":

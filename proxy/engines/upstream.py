@@ -31,7 +31,8 @@ import httpx
 
 from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
-from proxy.engines.kv_events import EventSubscriber, HeldBlocks
+from proxy.engines.kv_events import ReplicaBlocks
+from proxy.engines.kv_subscriber import EventBudget, EventCounts, EventSubscriber
 from proxy.engines.routing import Route, Router, make_router
 from proxy.engines.upstream_constraints import GuidedDecoding
 
@@ -73,6 +74,8 @@ class UpstreamEngine:
         guided_decoding: str | None = None,
         routing: str = "cache-aware",
         kv_events: bool = True,
+        kv_events_budget: EventBudget | None = None,
+        kv_events_bind: tuple[str, ...] = (),
     ) -> None:
         if not urls:
             raise ValueError("the upstream engine needs at least one --upstream-url")
@@ -84,9 +87,10 @@ class UpstreamEngine:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=read_timeout)
         # Replicas that publish their KV-cache events are routed on what they really hold (found at start).
-        self._held = [HeldBlocks() for _ in self._urls] if kv_events and len(self._urls) > 1 else []
+        self._held = [ReplicaBlocks() for _ in self._urls] if kv_events and len(self._urls) > 1 else []
         self.router: Router = make_router(routing, len(self._urls), self._held)
         self._client: httpx.AsyncClient | None = None
+        self._kv_budget, self._kv_bind = kv_events_budget, kv_events_bind
         self._subscribers: list[EventSubscriber] = []
 
     @property
@@ -97,10 +101,15 @@ class UpstreamEngine:
         logger.log(*self.guided.notice())
         # One pooled client for every request: connections to the upstreams are reused.
         self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
-        self._subscribers = [EventSubscriber(_root(url), held, self._client)
+        self._subscribers = [EventSubscriber(_root(url), held, self._client, self._kv_budget, self._kv_bind)
                              for url, held in zip(self._urls, self._held, strict=False)]
         for subscriber in self._subscribers:
             subscriber.start()
+
+    def kv_event_counts(self) -> dict[str, tuple[EventCounts, int]]:
+        """Per replica that publishes KV-cache events: what became of them, and the blocks it is believed to hold."""
+        return {_public(url): (subscriber.counts, len(subscriber.view))
+                for url, subscriber in zip(self._urls, self._subscribers, strict=False)}
 
     async def close(self) -> None:
         for subscriber in self._subscribers:

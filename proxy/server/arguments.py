@@ -223,6 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--upstream-kv-events", choices=("auto", "off"), default="auto",
         help="cache-aware routing on the KV-cache events replicas publish (vLLM's --kv-events-config, found through "
              "their /kv_event_sources): auto uses them where published, off routes on what was sent only")
+    upstream.add_argument(
+        "--upstream-kv-events-budget", type=float, default=2.0, metavar="MIB_PER_S",
+        help="MiB per second of KV-cache events each replica may send; past it, its events are dropped and what it "
+             "holds forgotten until it is within it")
+    upstream.add_argument(
+        "--upstream-kv-events-bind", action="append", default=[], metavar="ADDRESS",
+        help="a ZMQ address (tcp://10.0.0.5:5557) harmony-proxy may listen on for a replica whose publisher connects "
+             "there (repeat); without it, harmony-proxy only connects to publishers")
     upstream.add_argument("--upstream-connect-timeout", type=float, default=5.0, help="seconds")
     upstream.add_argument("--upstream-read-timeout", type=float, default=600.0, help="seconds between chunks")
     return parser

@@ -257,15 +257,21 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
     if name == "mock":
         return mock_engine(vocab, delay, args.tokens_per_step)
     if name == "upstream":
+        from proxy.engines.kv_subscriber import EventBudget
         from proxy.engines.upstream import UpstreamEngine
 
         if not args.upstream_url:
             raise StartupError("--engine upstream needs --upstream-url http://host:port/v1 (repeatable)")
+        if not args.upstream_kv_events_budget > 0:
+            raise StartupError("--upstream-kv-events-budget is in MiB per second, more than 0 (--upstream-kv-events "
+                               "off routes without the events)")
         model = args.upstream_model or args.served_model_name or DEFAULT_MODEL
         return UpstreamEngine(vocab, args.upstream_url, model,
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
                               args.upstream_read_timeout, args.upstream_guided_decoding, args.upstream_routing,
-                              kv_events=args.upstream_kv_events == "auto")
+                              kv_events=args.upstream_kv_events == "auto",
+                              kv_events_budget=EventBudget(args.upstream_kv_events_budget * 2**20),
+                              kv_events_bind=tuple(args.upstream_kv_events_bind))
     from proxy.engines.trtllm import TrtllmEngine
 
     engine = TrtllmEngine(trtllm_command(args), vocab, args.guided_decoding_backend)

@@ -110,6 +110,16 @@ class Metrics:
         self.store_seconds = histogram("harmony_proxy:store_operation_seconds",
                                        "Responses store operations and their latency.", STORE_BUCKETS,
                                        "operation", "outcome")
+        self.kv_event_batches = counter("harmony_proxy:kv_event_batches",
+                                        "KV-cache event batches from upstream replicas: applied, dropped (past the "
+                                        "replica's budget), malformed, or missed (lost on the way).", "replica",
+                                        "outcome")
+        self.kv_event_bytes = counter("harmony_proxy:kv_event_bytes", "Bytes of those batches.", "replica", "outcome")
+        self.kv_event_reconnects = counter("harmony_proxy:kv_event_reconnects",
+                                           "Connections to a replica's event publisher opened again.", "replica")
+        self.kv_event_blocks = gauge("harmony_proxy:kv_event_blocks",
+                                     "KV-cache blocks a replica holds, as its events tell.", "livemax", "replica")
+        self._kv_seen: dict[tuple[Any, ...], int] = {}
         self.ready = gauge("harmony_proxy:engine_ready", "1 when the engine serves (in every worker).", "livemin",
                            "engine").labels(model_name, engine_name)
         self.ready.set(0)
@@ -131,6 +141,24 @@ class Metrics:
 
     def stream_closed(self, api: str) -> None:
         self._series(self.streams, api).dec()
+
+    def kv_events(self, counts: dict[str, tuple[Any, int]]) -> None:
+        """The upstream engine's KV-event counts per replica (kv_subscriber.EventCounts, blocks held), as a scrape
+        finds them: each counter advances by what is new since the last."""
+        for replica, (seen, blocks) in counts.items():
+            for outcome in ("applied", "dropped", "malformed", "missed"):
+                self._advance(self.kv_event_batches, getattr(seen, f"{outcome}_batches"), replica, outcome)
+            for outcome in ("applied", "dropped"):
+                self._advance(self.kv_event_bytes, getattr(seen, f"{outcome}_bytes"), replica, outcome)
+            self._advance(self.kv_event_reconnects, seen.disconnects, replica)
+            self._series(self.kv_event_blocks, replica).set(blocks)
+
+    def _advance(self, metric: Any, total: int, *labels: str) -> None:
+        key = (id(metric), *labels)
+        new = total - self._kv_seen.get(key, 0)
+        if new > 0:
+            self._series(metric, *labels).inc(new)
+            self._kv_seen[key] = total
 
     def store_operation(self, operation: str, seconds: float, ok: bool) -> None:
         self._series(self.store_seconds, operation, "ok" if ok else "error").observe(seconds)
@@ -216,5 +244,11 @@ async def metrics_endpoint(request: Request) -> Response:
     state = request.app.state.harmony
     metrics: Metrics = state.metrics
     metrics.engine_ready(state.engine.ready)
+    engine = state.engine
+    while hasattr(engine, "inner"):  # under admission and tracing (engines/base.py EngineWrapper)
+        engine = engine.inner
+    kv_event_counts = getattr(engine, "kv_event_counts", None)  # the upstream engine's
+    if kv_event_counts is not None:
+        metrics.kv_events(kv_event_counts())
     body = await asyncio.to_thread(metrics.exposition)  # reading every worker's files: off the event loop
     return Response(body, media_type=CONTENT_TYPE_LATEST)
