@@ -1,0 +1,93 @@
+"""Publishes an in-process engine's KV-cache events the way vLLM publishes its own, for routers to follow.
+
+vLLM (`vllm/distributed/kv_events.py`, `ZmqEventPublisher`) sends each batch on a ZMQ PUB socket as three frames:
+the topic, an 8-byte big-endian sequence number counted from 0, and the msgpack of `KVEventBatch` (array-like:
+`[ts, events, data_parallel_rank]`), whose events are tagged maps: `BlockStored`, `BlockRemoved`,
+`AllBlocksCleared`. One publisher per data-parallel rank; `GET /kv_event_sources` lists each rank's
+`KVEventsConfig` (`enable_kv_cache_events`, `publisher: "zmq"`, `endpoint`, ...). A publisher whose endpoint is
+a wildcard binds it, and a subscriber reaches it at the replica's own host: that is the form used here (bound on
+the address the server listens on, on a port the system picks).
+
+Sending never waits: a PUB socket drops what it cannot queue, and the sequence number still advances, so a
+subscriber sees the gap and forgets what it believed (vLLM's subscribers, and harmony-proxy's, do).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import msgspec
+import zmq
+
+HIGH_WATER_MARK = 100_000  # vLLM's default hwm
+
+
+class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = "GPU"
+    lora_name: str | None = None
+    kv_cache_spec_kind: str | None = None
+
+
+class BlockRemoved(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
+    block_hashes: list[int]
+    medium: str | None = "GPU"
+
+
+class AllBlocksCleared(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
+    pass
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+_KINDS: dict[str, type[msgspec.Struct]] = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved,
+                                           "AllBlocksCleared": AllBlocksCleared}
+
+
+class KvEventPublisher:
+    """One rank's ZMQ PUB socket, bound on `host` at a port the system picks."""
+
+    _encoder = msgspec.msgpack.Encoder()
+
+    def __init__(self, host: str, rank: int = 0) -> None:
+        self.rank = rank
+        self._socket = zmq.Context.instance().socket(zmq.PUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.set_hwm(HIGH_WATER_MARK)
+        if ":" in host:
+            self._socket.setsockopt(zmq.IPV6, 1)
+        address = f"[{host}]" if ":" in host else ("*" if host in ("", "0.0.0.0") else host)
+        self._socket.bind(f"tcp://{address}:0")
+        port = int(self._socket.getsockopt_string(zmq.LAST_ENDPOINT).rpartition(":")[2])
+        self.endpoint = f"tcp://*:{port}"  # a wildcard: reached at the host the replica is reached at
+        self._sequence = itertools.count()
+
+    def config(self) -> dict[str, Any]:
+        """This publisher as vLLM's `/kv_event_sources` lists one (its `KVEventsConfig` fields)."""
+        return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.endpoint,
+                "replay_endpoint": None, "buffer_steps": 0, "hwm": HIGH_WATER_MARK,
+                "max_queue_size": HIGH_WATER_MARK, "topic": ""}
+
+    def publish(self, events: list[dict[str, Any]]) -> None:
+        """Send one batch of events (dicts in vLLM's shape, `type` naming the kind)."""
+        batch = KVEventBatch(time.time(), [_KINDS[event["type"]](**{k: v for k, v in event.items() if k != "type"})
+                                           for event in events], self.rank)
+        sequence = next(self._sequence)
+        try:
+            self._socket.send_multipart((b"", sequence.to_bytes(8, "big"), self._encoder.encode(batch)),
+                                        flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # dropped: the next batch's number tells subscribers one is missing
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
