@@ -264,3 +264,29 @@ def test_6_a_router_in_upstream_mode_routes_on_what_each_trtllm_replica_publishe
     aware, round_robin = hit_ratio("cache-aware", 1), hit_ratio("round-robin", 2)
     print(f"prompt-cache hit ratio: cache-aware {aware:.3f}, round robin {round_robin:.3f}")
     assert aware > round_robin
+
+
+def test_2_a_visual_generation_model_is_refused_before_it_loads(release: str, tmp_path: Path, vocab: Any) -> None:
+    from proxy.engines.trtllm_serve import TrtllmServeError
+
+    folder = model_folder(tmp_path, [ANSWER], **{"model_index.json": "{}"})
+    with pytest.raises(TrtllmServeError, match="visual generation"):
+        asyncio.run(trtllm_engine(vocab, folder).start())
+    assert not built(folder)
+
+
+def test_3_a_server_that_is_not_a_language_model_server_is_refused_and_what_it_was_given_shut_down() -> None:
+    from proxy.engines.trtllm_serve import ServerReplaced, TrtllmServeError
+
+    class Generator:
+        closed = False
+
+        def generate_async(self) -> None: ...
+
+        def shutdown(self) -> None:
+            self.closed = True
+
+    generator = Generator()
+    with pytest.raises(TrtllmServeError, match="MM_ENCODER"):
+        ServerReplaced(generator=generator, server_role=type("Role", (), {"name": "MM_ENCODER"})())
+    assert generator.closed

@@ -28,6 +28,8 @@ import threading
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import zmq
+
 from parsers.vocab import Vocab
 from proxy.engines.base import ContextWindow, EngineError, FinishReason, GenerationRequest, Step, Usage
 from proxy.engines.kv_cache_events import KvCacheEvents, kv_cache_events
@@ -65,6 +67,7 @@ class TrtllmEngine:
         self._command = command
         self._events_host = events_host
         self._publishers: dict[int, KvEventPublisher] = {}
+        self._unpublished: set[int] = set()  # ranks whose publisher could not bind (warned once)
         self._following: asyncio.Task[None] | None = None
         self._vocab = vocab
         self._guided_backend = guided_decoding_backend
@@ -110,9 +113,10 @@ class TrtllmEngine:
         computed: concurrent.futures.Future[ServeCall] = concurrent.futures.Future()
         built: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
-        def on_call(call: ServeCall) -> None:
+        def on_call(call: ServeCall) -> None:  # again if trtllm-serve is run again (a taken port)
             self._adopt(call)
-            computed.set_result(call)
+            if not computed.done():
+                computed.set_result(call)
 
         def run() -> None:
             try:
@@ -180,11 +184,11 @@ class TrtllmEngine:
         self.kv_events = kv_cache_events(llm, self._publish)
         if self.kv_events is not None:
             args = llm.args
-            ranks = int(getattr(args, "tensor_parallel_size", 1) or 1) if getattr(args, "enable_attention_dp",
-                                                                                  False) else 1
-            self._publishers = {rank: KvEventPublisher(self._events_host, rank) for rank in range(ranks)}
-            logger.info("publishing the engine's KV-cache events (ZMQ, as vLLM): %s",
-                        ", ".join(f"rank {rank} at {p.endpoint}" for rank, p in self._publishers.items()))
+            dp = getattr(args, "enable_attention_dp", False)
+            for rank in range(int(getattr(args, "tensor_parallel_size", 1) or 1) if dp else 1):
+                self._publisher(rank)
+            if not self._publishers:
+                self.kv_events = None
         self._llm = llm
         (logger.warning if source.startswith("ASSUMED") else logger.info)(
             "TensorRT-LLM %s serving %s: prompts up to %d tokens, prompt plus output up to %d (%s)%s",
@@ -194,10 +198,23 @@ class TrtllmEngine:
 
     def _publish(self, rank: int, events: list[dict[str, Any]]) -> None:
         publisher = self._publishers.get(rank)
-        if publisher is None:
-            logger.warning("KV-cache events of attention-DP rank %d, which has no publisher: dropped", rank)
-            return
-        publisher.publish(events)
+        if publisher is None and rank not in self._unpublished:
+            publisher = self._publisher(rank)
+        if publisher is not None:
+            publisher.publish(events)
+
+    def _publisher(self, rank: int) -> KvEventPublisher | None:
+        """Rank `rank`'s publisher, bound now (one per attention data-parallel rank, as vLLM has per DP rank)."""
+        try:
+            publisher = self._publishers[rank] = KvEventPublisher(self._events_host, rank)
+        except zmq.ZMQError as exc:
+            self._unpublished.add(rank)
+            logger.warning("KV-cache events of rank %d NOT published: cannot bind on %s (%s)", rank,
+                           self._events_host, exc)
+            return None
+        logger.info("publishing the engine's KV-cache events of attention-DP rank %d (ZMQ, as vLLM) at %s", rank,
+                    publisher.endpoint)
+        return publisher
 
     def _close_publishers(self) -> None:
         for publisher in self._publishers.values():

@@ -35,6 +35,7 @@ import contextlib
 import inspect
 import logging
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ _DISAGGREGATED = ("disaggregated serving is not run in process: put harmony-prox
                   "trtllm-serve's disaggregated deployment")
 _BIND_FAILED = "Failed to bind socket"  # 2026 launch_server, before it builds anything (id 59682888564)
 _PORT_ATTEMPTS = 3
+_PATCHING = threading.Lock()  # trtllm-serve's module names are patched for one run at a time in a process
 
 
 class TrtllmServeError(Exception):
@@ -103,6 +105,11 @@ def run_trtllm_serve(argv: list[str], on_call: Callable[[ServeCall], None] = lam
 
 
 def _run_once(argv: list[str], on_call: Callable[[ServeCall], None]) -> Any:
+    with _PATCHING:
+        return _run_patched(argv, on_call)
+
+
+def _run_patched(argv: list[str], on_call: Callable[[ServeCall], None]) -> Any:
     import tensorrt_llm.serve as servers
     from tensorrt_llm.commands import serve as module
 
@@ -140,10 +147,14 @@ class ServerReplaced:
         if llm is None and callable(factory):
             llm = factory()
         role = kwargs.get("server_role")
-        if llm is None or not hasattr(llm, "generate_async") or role is not None:
+        if role is not None or (llm is not None and not hasattr(llm, "generate_async")):
             _shut_down(llm)
-            kind = f"a {getattr(role, 'name', role)} server" if role is not None else "a server without an LLM"
-            raise TrtllmServeError(f"trtllm-serve started {kind}: harmony-proxy serves language models only", 1)
+            raise TrtllmServeError(f"trtllm-serve started a {getattr(role, 'name', role) or 'non-LLM'} server: "
+                                   "harmony-proxy serves language models only", 1)
+        if llm is None:  # e.g. open PR #16939: the server first, serving 503 while it builds the LLM itself
+            raise TrtllmServeError("trtllm-serve made its server without an LLM (it would build one while serving): "
+                                   "this release's way of starting is not one harmony-proxy can take the LLM from",
+                                   1)
         raise _Captured(llm)
 
 

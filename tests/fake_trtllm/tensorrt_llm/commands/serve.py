@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 from typing import Any
 
 import click
@@ -130,6 +131,19 @@ def _built(llm_args: dict[str, Any]) -> Any:
     return llm
 
 
+def get_is_diffusion_model(model: str) -> bool:
+    """2026 serve() picks the visual generation server when this says so (id 59682888564); the real check is in
+    tensorrt_llm/commands/utils.py (not read): here, a diffusers folder (`model_index.json`)."""
+    return (Path(model) / "model_index.json").is_file()
+
+
+def launch_visual_gen_server(host: str, port: int, model: str) -> None:
+    from tensorrt_llm.llmapi import LLM
+
+    generator = LLM(model)  # stands for VisualGen(model_path=model): something built, then a server role
+    OpenAIServer(generator=generator, model=model, server_role="VISUAL_GEN", tool_parser=None)
+
+
 def launch_grpc_server(host: str, port: int, llm_args: dict[str, Any], served_model_name: str | None = None) -> None:
     raise AssertionError("the fake has no gRPC server: harmony-proxy must refuse --grpc before this")
 
@@ -197,6 +211,9 @@ def serve(ctx: click.Context, model: str, host: str, port: int, log_level: str, 
           served_model_name: str | None = None, telemetry: bool = True, num_serve_frontends: int = 1,
           middleware: tuple[str, ...] = (), **flags: Any) -> None:
     """Running an OpenAI API compatible server"""
+    if NEW and get_is_diffusion_model(model):
+        launch_visual_gen_server(host, port, model)
+        return
     flags.pop("kv_cache_free_gpu_memory_fraction", None)
     if NEW:
         flags.pop("moe_cluster_parallel_size")  # "deprecated and no longer supported" (id 59682888564)
