@@ -290,3 +290,52 @@ def test_3_a_server_that_is_not_a_language_model_server_is_refused_and_what_it_w
     with pytest.raises(TrtllmServeError, match="MM_ENCODER"):
         ServerReplaced(generator=generator, server_role=type("Role", (), {"name": "MM_ENCODER"})())
     assert generator.closed
+
+
+def test_6_each_attention_dp_rank_publishes_its_own_events(release: str, tmp_path: Path, vocab: Any) -> None:
+    """With attention data parallelism each rank has its own cache and event ids: each gets its own publisher
+    (as vLLM has per DP rank), its batches numbered on their own and marked with the rank; none clears the other."""
+    import msgspec
+    import zmq
+
+    folder = model_folder(tmp_path, [ANSWER])
+    engine = trtllm_engine(vocab, folder, "--tp_size", "2", "--enable_attention_dp", **EVENTS_ON)
+    prompts = [list(range(1, 65)), list(range(100, 164))]  # dealt to rank 0, then rank 1
+
+    async def scenario() -> dict[int, list[Any]]:
+        await engine.start()
+        sources = engine.kv_event_sources
+        assert sources is not None and sorted(sources) == ["0", "1"]
+        sockets = {}
+        for rank, source in sources.items():
+            sockets[int(rank)] = zmq.Context.instance().socket(zmq.SUB)
+            sockets[int(rank)].setsockopt(zmq.SUBSCRIBE, b"")
+            sockets[int(rank)].connect(source["endpoint"].replace("*", "127.0.0.1"))
+        await asyncio.sleep(0.5)  # a SUB socket gets what is published once it has joined
+        received: dict[int, list[Any]] = {0: [], 1: []}
+        try:
+            for prompt in prompts:
+                steps = engine.generate(GenerationRequest("r", prompt, SamplingParams(2)))
+                async for _ in steps:
+                    pass
+            for rank, subscriber in sockets.items():
+                for _ in range(200):
+                    if subscriber.poll(0):
+                        break
+                    await asyncio.sleep(0.05)
+                while subscriber.poll(0):
+                    _topic, sequence, payload = subscriber.recv_multipart()
+                    received[rank].append((int.from_bytes(sequence, "big"), msgspec.msgpack.decode(payload)))
+        finally:
+            for subscriber in sockets.values():
+                subscriber.close(linger=0)
+            await engine.close()
+        return received
+
+    received = asyncio.run(scenario())
+    for rank, prompt in enumerate(prompts):
+        assert [sequence for sequence, _ in received[rank]] == [0]
+        _ts, published, data_parallel_rank = received[rank][0][1]
+        assert data_parallel_rank == rank
+        assert [event["type"] for event in published] == ["BlockStored"]  # nothing cleared
+        assert published[0]["token_ids"] == prompt
