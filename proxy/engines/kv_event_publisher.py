@@ -15,11 +15,14 @@ subscriber sees the gap and forgets what it believed (vLLM's subscribers, and ha
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Any
 
 import msgspec
 import zmq
+
+logger = logging.getLogger("harmony_proxy.engine")
 
 HIGH_WATER_MARK = 100_000  # vLLM's default hwm
 
@@ -91,3 +94,43 @@ class KvEventPublisher:
 
     def close(self) -> None:
         self._socket.close(linger=0)
+
+
+class RankPublishers:
+    """One publisher per data-parallel rank (as vLLM has), bound on `host` when first needed; a rank whose publisher
+    cannot bind is warned of once and not published."""
+
+    def __init__(self, host: str) -> None:
+        self._host = host
+        self._publishers: dict[int, KvEventPublisher] = {}
+        self._unbound: set[int] = set()
+
+    def open(self, ranks: int) -> bool:
+        """Bind ranks 0..ranks-1 now (so that `/kv_event_sources` lists them from the start); False if none bound."""
+        for rank in range(ranks):
+            self._publisher(rank)
+        return bool(self._publishers)
+
+    def publish(self, rank: int, events: list[dict[str, Any]]) -> None:
+        publisher = self._publishers.get(rank) or (None if rank in self._unbound else self._publisher(rank))
+        if publisher is not None:
+            publisher.publish(events)
+
+    def sources(self) -> dict[str, dict[str, Any]] | None:
+        """Each rank's publisher as vLLM's `/kv_event_sources` lists them; None when none publishes."""
+        return {str(rank): publisher.config() for rank, publisher in self._publishers.items()} or None
+
+    def close(self) -> None:
+        for publisher in self._publishers.values():
+            publisher.close()
+        self._publishers.clear()
+
+    def _publisher(self, rank: int) -> KvEventPublisher | None:
+        try:
+            publisher = self._publishers[rank] = KvEventPublisher(self._host, rank)
+        except zmq.ZMQError as exc:
+            self._unbound.add(rank)
+            logger.warning("KV-cache events of rank %d NOT published: cannot bind on %s (%s)", rank, self._host, exc)
+            return None
+        logger.info("publishing KV-cache events of rank %d (ZMQ, as vLLM) at %s", rank, publisher.endpoint)
+        return publisher

@@ -28,12 +28,10 @@ import threading
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import zmq
-
 from parsers.vocab import Vocab
 from proxy.engines.base import ContextWindow, EngineError, FinishReason, GenerationRequest, Step, Usage
 from proxy.engines.kv_cache_events import KvCacheEvents, kv_cache_events
-from proxy.engines.kv_event_publisher import KvEventPublisher
+from proxy.engines.kv_event_publisher import RankPublishers
 from proxy.engines.trtllm_harmony import (
     GuidedDecoding,
     context_window,
@@ -65,9 +63,7 @@ class TrtllmEngine:
         given, replaces the LLM argument of that name (`none` removes it); `events_host`: where KV-cache events
         are published (the address the server listens on)."""
         self._command = command
-        self._events_host = events_host
-        self._publishers: dict[int, KvEventPublisher] = {}
-        self._unpublished: set[int] = set()  # ranks whose publisher could not bind (warned once)
+        self._publishers = RankPublishers(events_host)  # the KV-cache events', one per attention-DP rank
         self._following: asyncio.Task[None] | None = None
         self._vocab = vocab
         self._guided_backend = guided_decoding_backend
@@ -94,7 +90,7 @@ class TrtllmEngine:
     @property
     def kv_event_sources(self) -> dict[str, dict[str, Any]] | None:
         """Each rank's publisher, as vLLM's `/kv_event_sources` lists them; None when nothing is published."""
-        return {str(rank): publisher.config() for rank, publisher in self._publishers.items()} or None
+        return self._publishers.sources()
 
     async def check_health(self) -> None:
         if self._closing:
@@ -169,7 +165,7 @@ class TrtllmEngine:
         try:
             self._adopt_llm(llm)
         except BaseException:
-            self._close_publishers()
+            self._publishers.close()
             llm.shutdown()  # built, and not to be served
             raise
 
@@ -181,45 +177,17 @@ class TrtllmEngine:
 
         self._protocol, self._guided_params, self._request_error = openai_protocol, GuidedDecodingParams, RequestError
         self.context_window, source = context_window(llm)
-        self.kv_events = kv_cache_events(llm, self._publish)
-        if self.kv_events is not None:
-            args = llm.args
-            dp = getattr(args, "enable_attention_dp", False)
-            for rank in range(int(getattr(args, "tensor_parallel_size", 1) or 1) if dp else 1):
-                self._publisher(rank)
-            if not self._publishers:
-                self.kv_events = None
+        self.kv_events = kv_cache_events(llm, self._publishers.publish)
+        args = llm.args  # attention data parallelism: a rank (its own cache) per tensor-parallel rank
+        ranks = int(getattr(args, "tensor_parallel_size", 1) or 1) if getattr(args, "enable_attention_dp", False) else 1
+        if self.kv_events is not None and not self._publishers.open(ranks):
+            self.kv_events = None
         self._llm = llm
         (logger.warning if source.startswith("ASSUMED") else logger.info)(
             "TensorRT-LLM %s serving %s: prompts up to %d tokens, prompt plus output up to %d (%s)%s",
             tensorrt_llm.__version__, self.served_model_name, self.context_window.prompt, self.context_window.total,
             source, "" if self.context_window.prompt == self.context_window.total
             else "; --enable_chunked_prefill takes prompts up to the latter")
-
-    def _publish(self, rank: int, events: list[dict[str, Any]]) -> None:
-        publisher = self._publishers.get(rank)
-        if publisher is None and rank not in self._unpublished:
-            publisher = self._publisher(rank)
-        if publisher is not None:
-            publisher.publish(events)
-
-    def _publisher(self, rank: int) -> KvEventPublisher | None:
-        """Rank `rank`'s publisher, bound now (one per attention data-parallel rank, as vLLM has per DP rank)."""
-        try:
-            publisher = self._publishers[rank] = KvEventPublisher(self._events_host, rank)
-        except zmq.ZMQError as exc:
-            self._unpublished.add(rank)
-            logger.warning("KV-cache events of rank %d NOT published: cannot bind on %s (%s)", rank,
-                           self._events_host, exc)
-            return None
-        logger.info("publishing the engine's KV-cache events of attention-DP rank %d (ZMQ, as vLLM) at %s", rank,
-                    publisher.endpoint)
-        return publisher
-
-    def _close_publishers(self) -> None:
-        for publisher in self._publishers.values():
-            publisher.close()
-        self._publishers = {}
 
     async def close(self) -> None:
         self._closing = True
@@ -228,7 +196,7 @@ class TrtllmEngine:
         if self._following is not None and not self._following.done():
             self._following.cancel()
             await asyncio.gather(self._following, return_exceptions=True)
-        self._close_publishers()
+        self._publishers.close()
         if self._llm is not None:
             llm, self._llm = self._llm, None
             llm.shutdown()
