@@ -339,3 +339,49 @@ def test_6_each_attention_dp_rank_publishes_its_own_events(release: str, tmp_pat
         assert data_parallel_rank == rank
         assert [event["type"] for event in published] == ["BlockStored"]  # nothing cleared
         assert published[0]["token_ids"] == prompt
+
+
+DECODE_AS_VLLM = """
+import json, sys
+import msgspec
+from vllm.distributed.kv_events import KVEventBatch
+batch = msgspec.msgpack.Decoder(KVEventBatch).decode(sys.stdin.buffer.read())
+print(json.dumps({"rank": batch.data_parallel_rank, "events": [msgspec.to_builtins(event) for event in batch.events],
+                  "kinds": [type(event).__name__ for event in batch.events]}))
+"""
+
+
+def test_6_a_published_batch_is_what_vllms_own_decoder_reads() -> None:
+    """The batch goes out as vLLM's `ZmqEventPublisher` sends one, and vLLM's own `KVEventBatch` decodes it."""
+    import subprocess
+
+    import zmq
+
+    from proxy.engines.kv_event_publisher import KvEventPublisher
+    from tests.vllm_server import vllm_python
+
+    publisher = KvEventPublisher("127.0.0.1", rank=1)
+    subscriber = zmq.Context.instance().socket(zmq.SUB)
+    subscriber.setsockopt(zmq.SUBSCRIBE, b"")
+    subscriber.connect(publisher.endpoint.replace("*", "127.0.0.1"))
+    events = [{"type": "BlockStored", "block_hashes": [7, 8], "parent_block_hash": None, "token_ids": list(range(8)),
+               "block_size": 4, "kv_cache_spec_kind": "full_attention"},
+              {"type": "BlockRemoved", "block_hashes": [7]}, {"type": "AllBlocksCleared"}]
+    try:
+        deadline = time.monotonic() + 10
+        while not subscriber.poll(50):  # a SUB socket gets what is published once it has joined: publish until then
+            assert time.monotonic() < deadline, "the subscriber never joined"
+            publisher.publish(events)
+        frames = subscriber.recv_multipart()
+    finally:
+        subscriber.close(linger=0)
+        publisher.close()
+    assert frames[0] == b"" and len(frames[1]) == 8
+    decoded = subprocess.run([str(vllm_python()), "-c", DECODE_AS_VLLM], input=frames[2], capture_output=True,
+                             check=True, timeout=600)
+    read = json.loads(decoded.stdout)
+    assert read["rank"] == 1 and read["kinds"] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
+    stored = read["events"][0]
+    assert (stored["block_hashes"], stored["token_ids"], stored["block_size"]) == ([7, 8], list(range(8)), 4)
+    assert stored["kv_cache_spec_kind"] == "full_attention" and read["events"][1]["block_hashes"] == [7]
+    assert (stored["lora_id"], stored["medium"], stored["lora_name"]) == (None, "GPU", None)  # required there

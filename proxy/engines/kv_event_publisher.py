@@ -27,20 +27,22 @@ logger = logging.getLogger("harmony_proxy.engine")
 HIGH_WATER_MARK = 100_000  # vLLM's default hwm
 
 
+# vLLM's classes, field for field as far as harmony-proxy fills them: the fields without a default there are sent
+# always (its decoder requires them), the others only when set (omit_defaults).
 class BlockStored(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
     block_hashes: list[int]
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
-    lora_id: int | None = None
-    medium: str | None = "GPU"
-    lora_name: str | None = None
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
     kv_cache_spec_kind: str | None = None
 
 
 class BlockRemoved(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
     block_hashes: list[int]
-    medium: str | None = "GPU"
+    medium: str | None
 
 
 class AllBlocksCleared(msgspec.Struct, tag=True, omit_defaults=True, gc=False):
@@ -55,6 +57,8 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 _KINDS: dict[str, type[msgspec.Struct]] = {"BlockStored": BlockStored, "BlockRemoved": BlockRemoved,
                                            "AllBlocksCleared": AllBlocksCleared}
+_REQUIRED: dict[str, dict[str, Any]] = {"BlockStored": {"lora_id": None, "medium": "GPU", "lora_name": None},
+                                        "BlockRemoved": {"medium": "GPU"}, "AllBlocksCleared": {}}
 
 
 class KvEventPublisher:
@@ -83,8 +87,7 @@ class KvEventPublisher:
 
     def publish(self, events: list[dict[str, Any]]) -> None:
         """Send one batch of events (dicts in vLLM's shape, `type` naming the kind)."""
-        batch = KVEventBatch(time.time(), [_KINDS[event["type"]](**{k: v for k, v in event.items() if k != "type"})
-                                           for event in events], self.rank)
+        batch = KVEventBatch(time.time(), [_as_struct(event) for event in events], self.rank)
         sequence = next(self._sequence)
         try:
             self._socket.send_multipart((b"", sequence.to_bytes(8, "big"), self._encoder.encode(batch)),
@@ -94,6 +97,11 @@ class KvEventPublisher:
 
     def close(self) -> None:
         self._socket.close(linger=0)
+
+
+def _as_struct(event: dict[str, Any]) -> msgspec.Struct:
+    kind = event["type"]
+    return _KINDS[kind](**(_REQUIRED[kind] | {key: value for key, value in event.items() if key != "type"}))
 
 
 class RankPublishers:
