@@ -482,8 +482,48 @@ def test_a_front_end_advertises_what_the_hosts_engine_takes(
 def test_the_greeting_carries_the_context_window() -> None:
     window = ContextWindow(total=131072, prompt=8192)
     frame = wire.hello_frame("trtllm", window)
-    assert wire.read_hello(frame[wire.HEADER.size:]) == ("trtllm", window)
-    assert wire.read_hello(wire.hello_frame("mock")[wire.HEADER.size:]) == ("mock", None)
-    for bad in (b'{"engine": "x", "context_window": [0, 1]}', b'{"engine": 1, "context_window": null}', b"[]"):
+    assert wire.read_hello(frame[wire.HEADER.size:]) == ("trtllm", window, None)
+    assert wire.read_hello(wire.hello_frame("mock")[wire.HEADER.size:]) == ("mock", None, None)
+    sources = {"0": {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557"}}
+    assert wire.read_hello(wire.hello_frame("trtllm", window, sources)[wire.HEADER.size:]).kv_event_sources == sources
+    for bad in (b'{"engine": "x", "context_window": [0, 1], "kv_event_sources": null}',
+                b'{"engine": 1, "context_window": null, "kv_event_sources": null}',
+                b'{"engine": "x", "context_window": null, "kv_event_sources": []}', b"[]"):
         with pytest.raises(wire.ProtocolError):
             wire.read_hello(bytes([wire.VERSION]) + bad)
+
+
+def test_a_front_end_names_where_the_hosts_engine_publishes_its_kv_cache_events(
+    serve: Callable[..., LiveServer], start_host: Callable[..., Any], socket_path: Path, tmp_path: Path
+) -> None:
+    """With --workers the engine host publishes the KV-cache events (ZMQ, as vLLM); its greeting says where, and each
+    front end lists that at /kv_event_sources, as one replica: a router subscribes there."""
+    import msgspec
+    import zmq
+
+    folder = model_folder(tmp_path, [ANSWER])
+    options = folder / "events.yaml"
+    options.write_text("kv_cache_config: {enable_block_reuse: true, event_buffer_max_size: 1024}\n")
+    server = serve(engine=RemoteEngine(socket_path, retry_interval=0.05))
+    start_host(folder, extra_llm_api_options=options)
+    deadline = time.monotonic() + 20
+    while (listed := httpx.get(server.base_url + "/kv_event_sources", timeout=5)).status_code != 200:
+        assert time.monotonic() < deadline, listed.text
+        time.sleep(0.05)
+    endpoint = listed.json()["0"]["endpoint"]
+    assert endpoint.startswith("tcp://*:") and listed.json()["0"]["publisher"] == "zmq"
+    subscriber = zmq.Context.instance().socket(zmq.SUB)
+    subscriber.setsockopt(zmq.SUBSCRIBE, b"")
+    subscriber.connect(endpoint.replace("*", "127.0.0.1"))
+    try:
+        time.sleep(0.5)  # a SUB socket gets what is published once it has joined
+        body = {"model": MODEL, "prompt": list(range(1, 65)), "max_tokens": 2}
+        assert httpx.post(server.base_url + "/v1/completions", json=body, timeout=30).status_code == 200
+        assert subscriber.poll(20_000), "no KV-cache events were published"
+        _topic, sequence, payload = subscriber.recv_multipart()
+        _timestamp, published, rank = msgspec.msgpack.decode(payload)
+        assert int.from_bytes(sequence, "big") == 0  # the publisher's first batch
+        assert rank == 0 and published[0]["type"] == "BlockStored"
+        assert published[0]["token_ids"] == list(range(1, 65)) and published[0]["block_size"] == 32
+    finally:
+        subscriber.close(linger=0)

@@ -83,8 +83,14 @@ def test_each_docs_yaml_loads_on_the_releases_it_is_for(vocab: Any, tmp_path: Pa
     asyncio.run(engine.close())
 
 
-def test_the_router_follows_the_kv_cache_events_of_the_engine(vocab: Any, tmp_path: Path, release: str) -> None:
-    """Where the YAML turns the events on, a router learns what each engine stores and evicts from the engine."""
+def test_the_router_follows_the_kv_cache_events_the_engine_publishes(vocab: Any, tmp_path: Path, release: str) -> None:
+    """Where the YAML turns the events on, the engine publishes them as vLLM does (ZMQ, msgpack batches), and a
+    router subscribed to them learns what the engine stores and evicts."""
+    import zmq
+    import zmq.asyncio
+
+    from proxy.engines.kv_events import EventSubscriber, HeldBlocks
+
     folder = model_folder(tmp_path, [ANSWER], cache_blocks="4")  # the engine holds 4 blocks of 32 tokens
     events_on = {"kv_cache_config": {"enable_block_reuse": True, "event_buffer_max_size": 1024}}
     engine = trtllm_engine(vocab, folder, **events_on)
@@ -92,9 +98,21 @@ def test_the_router_follows_the_kv_cache_events_of_the_engine(vocab: Any, tmp_pa
 
     async def scenario() -> None:
         await engine.start()
-        assert engine.kv_events is not None
-        router = CacheAwareRouter(2, held=[None, engine.kv_events.held])
-        following = asyncio.create_task(engine.kv_events.follow())
+        sources = engine.kv_event_sources
+        assert sources is not None and list(sources) == ["0"] and sources["0"]["publisher"] == "zmq"
+        held = HeldBlocks()
+        router = CacheAwareRouter(2, held=[None, held])
+        subscriber = EventSubscriber("http://127.0.0.1:1", held, client=None)  # type: ignore[arg-type]
+        socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+        socket.connect(sources["0"]["endpoint"].replace("*", "127.0.0.1"))
+
+        async def receive() -> None:
+            while True:
+                subscriber._apply(await socket.recv_multipart())
+
+        receiving = asyncio.create_task(receive())
+        await asyncio.sleep(0.5)  # a SUB socket gets what is published once it has joined
         try:
             for prompt in (conversation, other):  # the second evicts the first (4 blocks held)
                 steps = engine.generate(GenerationRequest("r", prompt, SamplingParams(2)))
@@ -105,10 +123,9 @@ def test_the_router_follows_the_kv_cache_events_of_the_engine(vocab: Any, tmp_pa
                     assert router.route(conversation).order[0] == 1
             await until(lambda: router.route(conversation).matched_blocks[1] == 0)  # removed by the engine
             assert router.route(other).matched_blocks[1] == 2
-            engine.kv_events.apply({"event_id": 10_000, "window_size": 131072, "data": {"type": "all_cleared"}})
-            assert router.route(other).matched_blocks[1] == 0
         finally:
-            following.cancel()
+            receiving.cancel()
+            socket.close(linger=0)
             await engine.close()
 
     asyncio.run(scenario())

@@ -185,6 +185,12 @@ def test_copied_2026_commands_start_and_deprecated_flags_are_handled_as_trtllm_s
     assert args["kv_cache_config"]["dtype"] == "fp8" and args["telemetry_config"]["disabled"] is True
     asyncio.run(engine.close())
     (tmp_path / "deprecated").mkdir()
+    if release == "1.4":  # the newest has no --fail_fast_on_attention_window_too_large: refused as it refuses it
+        with pytest.raises(TrtllmServeError, match="No such option '--fail_fast_on_attention_window_too_large'"):
+            TrtllmEngine([str(folder), "--fail_fast_on_attention_window_too_large"], vocab).prepare()
+        deprecated = init_args(tmp_path / "deprecated", vocab, ["--cluster_size", "2"])
+        assert "moe_cluster_parallel_size" not in deprecated
+        return
     deprecated = init_args(tmp_path / "deprecated", vocab, ["--fail_fast_on_attention_window_too_large",
                                                             "--cluster_size", "2"])
     assert "moe_cluster_parallel_size" not in deprecated  # trtllm-serve ignores --cluster_size
@@ -226,15 +232,11 @@ def test_the_fake_is_as_strict_as_each_release(release: str, field: str, value: 
         assert release in accepted_on
 
 
-@pytest.mark.parametrize("release", ["1.4"], indirect=True)  # --grpc and --num_serve_frontends: 2026 flags
-def test_num_serve_frontends_and_grpc_are_refused_with_the_reason(release: str, tmp_path: Path, vocab: Any) -> None:
+@pytest.mark.parametrize("release", ["1.4"], indirect=True)
+def test_disaggregated_roles_are_refused_with_the_reason(release: str, tmp_path: Path, vocab: Any) -> None:
     from proxy.engines.trtllm import TrtllmEngine
     from proxy.engines.trtllm_serve import TrtllmServeError
     folder = model_folder(tmp_path, [ANSWER])
-    with pytest.raises(TrtllmServeError, match="--workers"):
-        TrtllmEngine([str(folder), "--num_serve_frontends", "2"], vocab).prepare()
-    with pytest.raises(TrtllmServeError, match="launch_grpc_server"):
-        TrtllmEngine([str(folder), "--grpc"], vocab).prepare()
     with pytest.raises(TrtllmServeError, match="disaggregated"):
         TrtllmEngine([str(folder), "--server_role", "context", "--disagg_cluster_uri", "etcd://x"], vocab).prepare()
     assert "init" not in [e["event"] for e in events(folder)]  # nothing was built

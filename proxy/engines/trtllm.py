@@ -9,9 +9,13 @@ gpt-oss-dev container to 2026 main (tensorrt_llm/llmapi/llm.py, executor/result.
 - The end token (`<|return|>`, the tokenizer's EOS) never appears in `token_ids`: the engine puts the Harmony
   stop token back from `finish_reason`/`stop_reason`, because the parser must see `<|return|>` and `<|call|>`.
 - `abort()` cancels a request (it then finishes `cancelled`); `shutdown()` stops the engine and its workers.
-- `RequestOutput.cached_tokens` (PR #7637, 1.2.0rc1 on) is read where present; the KV-cache events API
-  (`get_kv_cache_events_async`) is offered to routers where the release has it and the LLM arguments enable it
-  (`kv_cache_events.py`).
+- `RequestOutput.cached_tokens` (PR #7637, 1.2.0rc1 on) is read where present; the KV-cache events
+  (`get_kv_cache_events_async`), where the release has them and the LLM arguments turn them on, are published as
+  vLLM publishes its own, one ZMQ publisher per attention data-parallel rank, listed by `kv_event_sources`
+  (`kv_cache_events.py`, `kv_event_publisher.py`): routers in front of several replicas follow them.
+- `reasoning_parser` is taken out of the LLM arguments: harmony-proxy parses Harmony itself, and from 2026 the
+  LLM adds a thinking-budget logits processor to every request's sampling for it (llm.py id 55216765702).
+- An LLM built and then not served (a failure while attaching it) is shut down.
 Sampling and guided decoding: `trtllm_harmony.py`.
 """
 
@@ -27,6 +31,7 @@ from typing import Any
 from parsers.vocab import Vocab
 from proxy.engines.base import ContextWindow, EngineError, FinishReason, GenerationRequest, Step, Usage
 from proxy.engines.kv_cache_events import KvCacheEvents, kv_cache_events
+from proxy.engines.kv_event_publisher import RankPublishers
 from proxy.engines.trtllm_harmony import (
     GuidedDecoding,
     context_window,
@@ -52,10 +57,14 @@ GUIDED_DECODING_BACKENDS = ("llguidance", "xgrammar", "none")
 class TrtllmEngine:
     name = "trtllm"
 
-    def __init__(self, command: list[str], vocab: Vocab, guided_decoding_backend: str | None = None) -> None:
+    def __init__(self, command: list[str], vocab: Vocab, guided_decoding_backend: str | None = None,
+                 events_host: str = "127.0.0.1") -> None:
         """`command`: a trtllm-serve command line, less `trtllm-serve serve`; `guided_decoding_backend`, when
-        given, replaces the LLM argument of that name (`none` removes it)."""
+        given, replaces the LLM argument of that name (`none` removes it); `events_host`: where KV-cache events
+        are published (the address the server listens on)."""
         self._command = command
+        self._publishers = RankPublishers(events_host)  # the KV-cache events', one per attention-DP rank
+        self._following: asyncio.Task[None] | None = None
         self._vocab = vocab
         self._guided_backend = guided_decoding_backend
         self._llm: Any = None
@@ -78,6 +87,11 @@ class TrtllmEngine:
     def served_model_name(self) -> str | None:
         return self.call.served_model_name if self.call else None
 
+    @property
+    def kv_event_sources(self) -> dict[str, dict[str, Any]] | None:
+        """Each rank's publisher, as vLLM's `/kv_event_sources` lists them; None when nothing is published."""
+        return self._publishers.sources()
+
     async def check_health(self) -> None:
         if self._closing:
             raise EngineError("The TensorRT-LLM engine is shutting down.", status=503, code="engine_shutting_down")
@@ -95,9 +109,10 @@ class TrtllmEngine:
         computed: concurrent.futures.Future[ServeCall] = concurrent.futures.Future()
         built: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
-        def on_call(call: ServeCall) -> None:
+        def on_call(call: ServeCall) -> None:  # again if trtllm-serve is run again (a taken port)
             self._adopt(call)
-            computed.set_result(call)
+            if not computed.done():
+                computed.set_result(call)
 
         def run() -> None:
             try:
@@ -116,18 +131,23 @@ class TrtllmEngine:
         return computed.result()
 
     async def start(self) -> None:
-        if self._llm is not None:
-            return  # loaded by load()
-        if self._loading is None:
-            await asyncio.to_thread(self.prepare)  # trtllm-serve's parsing: quick, but not on the event loop
-        assert self._loading is not None
-        self._attach(await asyncio.wrap_future(self._loading))
+        if self._llm is None:  # else loaded by load()
+            if self._loading is None:
+                await asyncio.to_thread(self.prepare)  # trtllm-serve's parsing: quick, but not on the event loop
+            assert self._loading is not None
+            self._attach(await asyncio.wrap_future(self._loading))
+        if self.kv_events is not None and self._following is None:
+            self._following = asyncio.create_task(self.kv_events.follow(), name="trtllm kv-cache events")
 
     def _adopt(self, call: ServeCall) -> None:
         """trtllm-serve's LLM arguments, before the LLM is built: the one change harmony-proxy may make is the
         guided decoding backend its own flag names; the guided decoding form follows from them."""
         self.call = call
         arguments = call.llm_args
+        if arguments.get("reasoning_parser") is not None:
+            del arguments["reasoning_parser"]
+            logger.info("reasoning_parser: not given to the LLM (harmony-proxy parses Harmony itself; the LLM would "
+                        "add its thinking-budget logits processor to every request)")
         if self._guided_backend is not None:
             arguments.pop("guided_decoding_backend", None)
             if self._guided_backend != "none":
@@ -142,24 +162,41 @@ class TrtllmEngine:
                     tensorrt_llm.__version__)
 
     def _attach(self, llm: Any) -> None:
+        try:
+            self._adopt_llm(llm)
+        except BaseException:
+            self._publishers.close()
+            llm.shutdown()  # built, and not to be served
+            raise
+
+    def _adopt_llm(self, llm: Any) -> None:
         import tensorrt_llm
         from tensorrt_llm.executor import RequestError
         from tensorrt_llm.llmapi import GuidedDecodingParams  # the stable path in every release
         from tensorrt_llm.serve import openai_protocol
 
         self._protocol, self._guided_params, self._request_error = openai_protocol, GuidedDecodingParams, RequestError
-        self.context_window = context_window(llm.args)
-        self.kv_events = kv_cache_events(llm)
+        self.context_window, source = context_window(llm)
+        self.kv_events = kv_cache_events(llm, self._publishers.publish)
+        args = llm.args  # attention data parallelism: a rank (its own cache) per tensor-parallel rank
+        ranks = int(getattr(args, "tensor_parallel_size", 1) or 1) if getattr(args, "enable_attention_dp", False) else 1
+        if self.kv_events is not None and not self._publishers.open(ranks):
+            self.kv_events = None
         self._llm = llm
-        logger.info("TensorRT-LLM %s serving %s: prompts up to %d tokens, prompt plus output up to %d%s",
-                    tensorrt_llm.__version__, self.served_model_name, self.context_window.prompt,
-                    self.context_window.total, "" if self.context_window.prompt == self.context_window.total
-                    else " (--enable_chunked_prefill takes prompts up to the latter)")
+        (logger.warning if source.startswith("ASSUMED") else logger.info)(
+            "TensorRT-LLM %s serving %s: prompts up to %d tokens, prompt plus output up to %d (%s)%s",
+            tensorrt_llm.__version__, self.served_model_name, self.context_window.prompt, self.context_window.total,
+            source, "" if self.context_window.prompt == self.context_window.total
+            else "; --enable_chunked_prefill takes prompts up to the latter")
 
     async def close(self) -> None:
         self._closing = True
         for result in list(self._active):
             result.abort()
+        if self._following is not None and not self._following.done():
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
+        self._publishers.close()
         if self._llm is not None:
             llm, self._llm = self._llm, None
             llm.shutdown()
@@ -227,13 +264,14 @@ class TrtllmEngine:
         return [self._vocab.special.return_] if stop_reason is None else []  # None: the end token, <|return|>
 
 
-def loaded_trtllm_engine(command: list[str], guided_decoding_backend: str | None = None) -> TrtllmEngine:
+def loaded_trtllm_engine(command: list[str], guided_decoding_backend: str | None = None,
+                        events_host: str = "127.0.0.1") -> TrtllmEngine:
     """A TrtllmEngine with its LLM built in the calling thread: the `build` an engine host process runs.
 
     Module-level and taking plain data, so it can be handed to a spawned process (functools.partial).
     """
     from parsers.vocab import load_vocab
 
-    engine = TrtllmEngine(command, load_vocab(), guided_decoding_backend)
+    engine = TrtllmEngine(command, load_vocab(), guided_decoding_backend, events_host)
     engine.load()
     return engine

@@ -24,7 +24,9 @@ from proxy.engines.base import ContextWindow, GenerationRequest
 
 logger = logging.getLogger("harmony_proxy.engine")
 
-GPT_OSS_CONTEXT = 131072  # gpt-oss's max_position_embeddings: the max_seq_len TensorRT-LLM deduces
+GPT_OSS_CONTEXT = 131072  # gpt-oss's max_position_embeddings: assumed only where the engine says nothing
+# `to_sampling_params` reads no prompt (every release read): a placeholder spares validating 100k ids per request
+_PLACEHOLDER_PROMPT = [0]
 _CONSTRAINTS = "Output constraints (tool_choice required or named, strict tools, response_format, text.format)"
 
 
@@ -34,7 +36,7 @@ def sampling_params(protocol: Any, request: GenerationRequest, model: str, guide
     fields.update(detokenize=False, include_stop_str_in_output=True)
     request_model = protocol.CompletionRequest
     defined = {name: value for name, value in fields.items() if name in request_model.model_fields}
-    params = request_model(model=model, prompt=request.prompt_token_ids, **defined).to_sampling_params()
+    params = request_model(model=model, prompt=_PLACEHOLDER_PROMPT, **defined).to_sampling_params()
     for name, value in fields.items():
         if name not in defined:  # a field this release's protocol lacks: set where trtllm-serve's LLM reads it
             setattr(params, name, value)
@@ -42,15 +44,27 @@ def sampling_params(protocol: Any, request: GenerationRequest, model: str, guide
     return params
 
 
-def context_window(llm_args: Any) -> ContextWindow:
-    """The prompt plus output (max_seq_len) and the longest prompt the built LLM takes, from its resolved arguments.
+def context_window(llm: Any) -> tuple[ContextWindow, str]:
+    """The prompt plus output and the longest prompt the built LLM takes, and where the former was read.
 
+    - `llm.args.max_seq_len` where the arguments set it. The PyTorch backend leaves it None otherwise
+      (`_TorchLLM._build_model` never writes back what its executor deduces, llm.py id 55216765702);
+    - else the model's `max_position_embeddings` (`llm._hf_model_config`, loaded by `_build_model`), from which the
+      PyTorch executor deduces its max_seq_len;
+    - else gpt-oss's 131072, assumed (and logged as such).
     Without chunked prefill TensorRT-LLM refuses a prompt longer than `max_num_tokens` (llm.py `_check_arguments`).
     """
-    total = int(getattr(llm_args, "max_seq_len", None) or GPT_OSS_CONTEXT)
-    if getattr(llm_args, "enable_chunked_prefill", False):
-        return ContextWindow(total, total)
-    return ContextWindow(total, min(total, int(getattr(llm_args, "max_num_tokens", None) or total)))
+    args = llm.args
+    total, source = getattr(args, "max_seq_len", None), "max_seq_len"
+    if not total:
+        total = getattr(getattr(llm, "_hf_model_config", None), "max_position_embeddings", None)
+        source = "the model's max_position_embeddings (max_seq_len unset)"
+    if not total:
+        total, source = GPT_OSS_CONTEXT, "ASSUMED: gpt-oss's 131072 (the engine tells no max_seq_len or model config)"
+    total = int(total)
+    if getattr(args, "enable_chunked_prefill", False):
+        return ContextWindow(total, total), source
+    return ContextWindow(total, min(total, int(getattr(args, "max_num_tokens", None) or total))), source
 
 
 @dataclass(frozen=True)

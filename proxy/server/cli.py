@@ -131,7 +131,8 @@ def run_trtllm_host(argv: list[str], socket_path: str) -> None:
 
     args = parse_command_line(argv)
     configure_logging(args.log_level, args.log_format)
-    build = functools.partial(loaded_trtllm_engine, trtllm_command(args), args.guided_decoding_backend)
+    build = functools.partial(loaded_trtllm_engine, trtllm_command(args), args.guided_decoding_backend,
+                              args.host)
     run_engine_host(build, socket_path, args.log_level)
 
 

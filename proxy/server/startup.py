@@ -274,7 +274,7 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
                               kv_events_bind=tuple(args.upstream_kv_events_bind))
     from proxy.engines.trtllm import TrtllmEngine
 
-    engine = TrtllmEngine(trtllm_command(args), vocab, args.guided_decoding_backend)
+    engine = TrtllmEngine(trtllm_command(args), vocab, args.guided_decoding_backend, args.host)
     engine.prepare()  # trtllm-serve's own parsing, now: its errors stop the server before anything is served
     return engine
 

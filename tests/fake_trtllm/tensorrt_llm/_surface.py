@@ -12,7 +12,14 @@ TensorRT-LLM file versions are cited where each rule is written):
   is deep-merged (PR #14812); PyTorch gets no scheduler_config; `speculative_config` is a discriminated union
   (no `DecodingBaseConfig.from_dict`); MoE `AUTO`; `--served_model_name`, `--kv_cache_dtype`, `--telemetry`.
 - `1.4` (alias `newest`, the default): 2026 main / 1.4.0rc. `sampler_type` removed (PR #18232), `WIDEEP` MoE
-  removed; per-request seeds (PR #17172); `ignore_eos` drops every stop word; `--num_serve_frontends`.
+  removed; per-request seeds (PR #17172); `ignore_eos` drops every stop word; `--num_serve_frontends` (PR #16523,
+  merged 2026-07-17); gRPC launchers imported inside `serve()` (`tensorrt_llm.grpc.openengine.server`);
+  `--middleware`; no `--fail_fast_on_attention_window_too_large` (id 59682888564 deprecates it, TRT backend only).
+- OPEN PRs, not merged when read (2026-09), on top of `1.4`, so that the adapter already survives them:
+  `1.4+pr19379` (`--num_serve_frontends` defaults to 8; the LlmArgs field stays 1: PR description 2026-09-18),
+  `1.4+pr17787` (OpenAIServer builds the LLM from a `generator_factory`), `1.4+pr16939` (the server is made before
+  the LLM and serves 503 while `serve_with_lifecycle` builds it). The last two follow issue 33's reading of the PR
+  descriptions; their diffs were not in the index.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ class Surface:
     name: str
     version: str
     release: int  # 0: gpt-oss-dev and 1.0, 1: 1.1, 2: 1.2, 3: 1.3.0rc19+, 4: 1.4 (2026 main)
+    open_pr: int | None = None  # an unmerged PR this surface adds (see above)
 
     cached_tokens = property(lambda self: self.release >= 2)  # PR #7637 (1.2.0rc1)
     structural_tag_form = property(lambda self: "format" if self.release >= 2 else "legacy")  # PR #7893
@@ -40,6 +48,8 @@ class Surface:
     ignore_eos_drops_stop_words = property(lambda self: self.release >= 4)  # base_worker id 55301320707
     sampling_params_moved = property(lambda self: self.release >= 3)
     cli_wins = property(lambda self: self.release >= 3)  # PR #14812 (2026-06-01): explicit flags beat the YAML
+    # 2026 llm.py (id 55216765702) `_prepare_sampling_params`: add_thinking_budget_logits_processor(reasoning_parser)
+    thinking_budget = property(lambda self: self.release >= 3)
 
 
 SURFACES = {
@@ -49,6 +59,9 @@ SURFACES = {
     "1.2": Surface("1.2", "1.2.0", 2),
     "1.3": Surface("1.3", "1.3.0rc19", 3),
     "1.4": Surface("1.4", "1.4.0rc1", 4),
+    "1.4+pr19379": Surface("1.4+pr19379", "1.4.0rc1+pr19379", 4, 19379),
+    "1.4+pr17787": Surface("1.4+pr17787", "1.4.0rc1+pr17787", 4, 17787),
+    "1.4+pr16939": Surface("1.4+pr16939", "1.4.0rc1+pr16939", 4, 16939),
 }
 ALIASES = {"oldest": "gpt-oss-dev", "newest": "1.4"}
 _chosen = os.environ.get("FAKE_TRTLLM_SURFACE", "newest")

@@ -12,13 +12,23 @@
   `--config`, `--tool_parser`, `--grpc`, `--telemetry/--no-telemetry`; explicit flags win over the YAML. 1.4 adds
   `--num_serve_frontends` (multi-frontend serving, id 68716330170).
 - `launch_server(host, port, llm_args, ...)` builds `LLM(**llm_args)` and hands it to `OpenAIServer` (`llm=`
-  before 2026, `generator=` after); 2026 binds the socket first (id 59682888564).
+  before 2026, `generator=` after); 2026 binds the socket first (id 59682888564: "Failed to bind socket", and
+  `port > 0` asserted). `OpenAIServer` serves a local model directory under its folder name (`model_dir.name`,
+  every version read; 2026 id 54820179511).
+- 1.4: `--grpc`'s launcher is imported inside `serve()` (issue 33's reading of 2026 main; here
+  `tensorrt_llm.grpc.openengine.server`), not a module-level `launch_*`; `--middleware` (repeatable) is applied to
+  the server's `app` once it is made; `--fail_fast_on_attention_window_too_large` is gone; with
+  `num_serve_frontends` > 1 the launcher spawns the other front ends once the LLM is built (PR #16523: they re-run
+  the command line; recorded here as `spawn_frontends`).
+- Open PRs (surfaces `1.4+prN`, see _surface.py): #19379 `--num_serve_frontends` defaults to 8; #17787
+  `OpenAIServer(generator_factory=...)`; #16939 `OpenAIServer(generator=None)` then `serve_with_lifecycle(build)`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from pathlib import Path
 from typing import Any
 
 import click
@@ -41,6 +51,7 @@ from tensorrt_llm.serve import OpenAIServer
 
 R = SURFACE.release
 NEW = R >= 3
+PR = SURFACE.open_pr
 
 
 def get_llm_args(model: str, backend: str = "pytorch", free_gpu_memory_fraction: float = 0.9,
@@ -79,25 +90,58 @@ def get_llm_args(model: str, backend: str = "pytorch", free_gpu_memory_fraction:
 
 def launch_server(host: str, port: int, llm_args: dict[str, Any], tool_parser: str | None = None,
                   metadata_server_cfg: Any = None, server_role: Any = None, disagg_cluster_config: Any = None,
-                  served_model_name: str | None = None) -> None:
+                  served_model_name: str | None = None, middlewares: list[str] | None = None) -> None:
     model = served_model_name or llm_args["model"]
     if NEW:
+        assert port > 0 or disagg_cluster_config is not None, "Port must be specified if disagg cluster config is " \
+            "not provided"
         with socket.socket() as bound:
             try:
                 bound.bind((host, port))
             except OSError as exc:
                 raise RuntimeError(f"Failed to bind socket to {host}:{port}: {exc}") from None
-            _serve(host, port, llm_args, model, tool_parser)
+            _serve(host, port, llm_args, model, tool_parser, middlewares or [])
     else:
-        _serve(host, port, llm_args, model, tool_parser)
+        _serve(host, port, llm_args, model, tool_parser, [])
 
 
-def _serve(host: str, port: int, llm_args: dict[str, Any], model: str, tool_parser: str | None) -> None:
+def _serve(host: str, port: int, llm_args: dict[str, Any], model: str, tool_parser: str | None,
+           middlewares: list[str]) -> None:
     llm_args.pop("build_config", None) if NEW else None
-    llm = PyTorchLLM(**llm_args)
-    given = {"generator": llm} if NEW else {"llm": llm}
-    server = OpenAIServer(model=model, tool_parser=tool_parser, **given)
+    if PR == 17787:  # the server builds the LLM
+        server = OpenAIServer(generator_factory=lambda: _built(llm_args), model=model, tool_parser=tool_parser,
+                              server_role=None)
+    elif PR == 16939:  # the server first, serving 503 while the LLM builds
+        server = OpenAIServer(generator=None, model=model, tool_parser=tool_parser, server_role=None)
+        asyncio.run(server.serve_with_lifecycle(host, port, build=lambda: _built(llm_args)))
+        return
+    else:
+        llm = _built(llm_args)
+        given = {"generator": llm, "server_role": None} if NEW else {"llm": llm}
+        server = OpenAIServer(model=model, tool_parser=tool_parser, **given)
+    for name in middlewares:
+        server.app.add_middleware(name)
     asyncio.run(server(host, port))
+
+
+def _built(llm_args: dict[str, Any]) -> Any:
+    llm = PyTorchLLM(**llm_args)
+    if (llm_args.get("num_serve_frontends") or 1) > 1:
+        llm._record("spawn_frontends", count=llm_args["num_serve_frontends"] - 1)  # PR #16523: re-run the command
+    return llm
+
+
+def get_is_diffusion_model(model: str) -> bool:
+    """2026 serve() picks the visual generation server when this says so (id 59682888564); the real check is in
+    tensorrt_llm/commands/utils.py (not read): here, a diffusers folder (`model_index.json`)."""
+    return (Path(model) / "model_index.json").is_file()
+
+
+def launch_visual_gen_server(host: str, port: int, model: str) -> None:
+    from tensorrt_llm.llmapi import LLM
+
+    generator = LLM(model)  # stands for VisualGen(model_path=model): something built, then a server role
+    OpenAIServer(generator=generator, model=model, server_role="VISUAL_GEN", tool_parser=None)
 
 
 def launch_grpc_server(host: str, port: int, llm_args: dict[str, Any], served_model_name: str | None = None) -> None:
@@ -128,9 +172,10 @@ def _options(command: Any) -> Any:
         (("--reasoning_parser",), {"type": click.Choice(["deepseek-r1", "qwen3", "gpt_oss"]), "default": None}),
         (("--metadata_server_config_file",), {"type": str, "default": None}),
         (("--server_role",), {"type": str, "default": None}),
-        (("--fail_fast_on_attention_window_too_large",), {"is_flag": True, "default": NEW}),
         (("--enable_chunked_prefill",), {"is_flag": True, "default": False}),
     ]
+    if R <= 3:
+        spelled += [(("--fail_fast_on_attention_window_too_large",), {"is_flag": True, "default": NEW})]
     if R >= 1:
         spelled += [(("--disagg_cluster_uri",), {"type": str, "default": None}),
                     (("--media_io_kwargs",), {"type": str, "default": None})]
@@ -149,7 +194,8 @@ def _options(command: Any) -> Any:
             (("--telemetry/--no-telemetry",), {"default": True}),
         ]
     if R >= 4:
-        spelled += [(("--num_serve_frontends",), {"type": int, "default": 1})]
+        spelled += [(("--num_serve_frontends",), {"type": int, "default": 8 if PR == 19379 else 1}),
+                    (("--middleware",), {"type": str, "multiple": True, "default": ()})]
     for names, settings in reversed(spelled):
         command = click.option(*names, **settings)(command)
     return click.argument("model", type=str)(command)
@@ -163,8 +209,11 @@ def serve(ctx: click.Context, model: str, host: str, port: int, log_level: str, 
           disagg_cluster_uri: str | None = None, media_io_kwargs: str | None = None,
           tool_parser: str | None = None, chat_template: str | None = None, grpc: bool = False,
           served_model_name: str | None = None, telemetry: bool = True, num_serve_frontends: int = 1,
-          **flags: Any) -> None:
+          middleware: tuple[str, ...] = (), **flags: Any) -> None:
     """Running an OpenAI API compatible server"""
+    if NEW and get_is_diffusion_model(model):
+        launch_visual_gen_server(host, port, model)
+        return
     flags.pop("kv_cache_free_gpu_memory_fraction", None)
     if NEW:
         flags.pop("moe_cluster_parallel_size")  # "deprecated and no longer supported" (id 59682888564)
@@ -186,9 +235,16 @@ def serve(ctx: click.Context, model: str, host: str, port: int, log_level: str, 
                              "is provided")
     role = server_role.upper() if server_role else None
     if grpc:
-        launch_grpc_server(host, port, llm_args, served_model_name=served_model_name)
+        if R >= 4:  # imported here, not a module-level name
+            from tensorrt_llm.grpc.openengine.server import launch_server as launch_openengine
+            launch_openengine(host, port, llm_args, served_model_name=served_model_name)
+        else:
+            launch_grpc_server(host, port, llm_args, served_model_name=served_model_name)
         return
-    if NEW:
+    if R >= 4:
+        launch_server(host, port, llm_args, tool_parser, metadata_server_config_file, role, disagg,
+                      served_model_name=served_model_name, middlewares=list(middleware))
+    elif NEW:
         launch_server(host, port, llm_args, tool_parser, metadata_server_config_file, role, disagg,
                       served_model_name=served_model_name)
     else:

@@ -20,11 +20,18 @@
   eos ids, `<|endoftext|>` and `<|call|>`, to the stop tokens) and records which sampler the release's TorchSampler
   runs for the request (`decoding`: greedy or sampling; 1.0 argmaxes everything without `enable_mixed_sampler`) and
   whether the request's seed reaches it (`seed_used`, from PR #17172).
-- Arguments are validated by the release's strict `TorchLlmArgs` (llm_args.py); `LLM.args` holds the result, with
-  `max_seq_len` deduced from the model (131072 for gpt-oss) when unset.
+- Arguments are validated by the release's strict `TorchLlmArgs` (llm_args.py); `LLM.args` holds the result.
+  `max_seq_len` stays None when unset, as the PyTorch backend leaves it (`_TorchLLM._build_model` never writes
+  back what its executor deduces, id 55216765702); the executor limits prompts to the model's
+  `max_position_embeddings`, on `LLM._hf_model_config` (from the folder's `config.json`, else gpt-oss's 131072).
+- From 2026 (id 55216765702), `_prepare_sampling_params` adds the thinking-budget logits processor for the
+  arguments' `reasoning_parser` to every request (recorded as `thinking_budget`).
 - KV-cache events (`get_kv_cache_events_async`) when `kv_cache_config.event_buffer_max_size` > 0 and
-  `enable_block_reuse`: `stored` for each new 32-token block of a prompt, `removed` past `cache_blocks` (a file in
-  the model folder) blocks, least recently used first.
+  `enable_block_reuse`. Each attention data-parallel rank (`enable_attention_dp`: `tensor_parallel_size` ranks,
+  requests dealt in turn) has its own cache and `event_id` sequence from 0, its events interleaved with the
+  others'. First `created` for each attention window (gpt-oss: sliding 128 and full 131072 tokens); then, per
+  prompt, `stored` for the new 32-token blocks in each window, a trailing partial block included (partial reuse,
+  the default), and `removed` past `cache_blocks` (a file in the model folder) blocks, least recently used first.
 - `abort()` ends the request with `cancelled`. Prompt prefixes are cached in 32-token blocks.
 - A per-request executor error is raised as `RequestError` from the iteration (a `fail_after` file in the
   model folder makes each request fail after that many tokens).
@@ -49,6 +56,11 @@ from tensorrt_llm.executor.params.sampling import SamplingParams
 from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 
 TOKENS_PER_BLOCK = 32
+WINDOWS = (128, 131072)  # gpt-oss: sliding-window and full-attention layers, each with its own block pool
+
+
+def _tokens(ids: list[int]) -> list[dict[str, Any]]:
+    return [{"type": "unique_token", "token_id": t} for t in ids]
 GENERATION_CONFIG_EOS = [200002, 199999, 200012]  # gpt-oss generation_config.json eos_token_id
 
 
@@ -79,7 +91,7 @@ class RequestOutput:
         self._llm, self.request_id, self.prompt_token_ids = llm, request_id, prompt
         self.sampling_params = params
         self.outputs = [CompletionOutput(0)]
-        cached = llm._cache_hit(prompt)
+        cached = llm._cache_hit(prompt, request_id)
         if SURFACE.cached_tokens:
             self.cached_tokens = cached
         self._done = False
@@ -168,8 +180,9 @@ class LLM:
                 raise ValueError(f"LLM got invalid argument: {key}")
         self.args = TorchLlmArgs(model=str(model), **{k: v for k, v in kwargs.items()
                                                       if k not in ("backend", "_mpi_session")})
-        if self.args.max_seq_len is None:
-            self.args.max_seq_len = 131072  # gpt-oss: max_position_embeddings
+        config = Path(model) / "config.json"
+        positions = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else 131072
+        self._hf_model_config = type("PretrainedConfig", (), {"max_position_embeddings": positions})()
         backend = self.args.guided_decoding_backend
         if backend and self.args.speculative_config is not None and not SURFACE.guided_with_speculation:
             raise ValueError("Guided decoding is not supported with speculative decoding.")
@@ -187,7 +200,7 @@ class LLM:
         self.guided_decoder = FACTORIES[backend](vocab) if backend else None
         self.stream_interval = self.args.stream_interval
         self.max_num_tokens = int(self.args.max_num_tokens or 8192)
-        self.max_seq_len = int(self.args.max_seq_len)
+        self.max_seq_len = int(self.args.max_seq_len or positions)
         self.chunked_prefill = self.args.enable_chunked_prefill
         self.step_seconds = float(_read(self._folder / "step_seconds", "0"))
         self.fail_after = int(_read(self._folder / "fail_after", "-1"))
@@ -195,11 +208,17 @@ class LLM:
         kv = self.args.kv_cache_config
         self._block_reuse = kv.enable_block_reuse
         self._events_on = kv.event_buffer_max_size > 0 and kv.enable_block_reuse
-        self._blocks: OrderedDict[int, None] = OrderedDict()  # block hashes held, least recently used first
+        self._ranks = self.args.tensor_parallel_size if self.args.enable_attention_dp else 1
+        # per rank: block hashes held (least recently used first), prompts seen, event ids
+        self._blocks: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(self._ranks)]
         self._capacity = int(_read(self._folder / "cache_blocks", "1000000"))
         self._events: list[dict[str, Any]] = []
-        self._event_ids = itertools.count()  # one sequence for the LLM's life, as the executor numbers them
-        self._seen_prompts: list[list[int]] = []
+        self._event_ids = [itertools.count() for _ in range(self._ranks)]  # per rank, for the LLM's life
+        self._seen_prompts: list[list[list[int]]] = [[] for _ in range(self._ranks)]
+        if self._events_on:
+            for rank in range(self._ranks):
+                for window in WINDOWS:
+                    self._event(rank, window, {"type": "created", "num_blocks_per_cache_level": [self._capacity]})
         self._next_script = 0
         self._next_id = 0
         self._shut_down = False
@@ -233,7 +252,9 @@ class LLM:
         self._next_script += 1
         sampling = {name: getattr(params, name) for name in params.__slots__ if name != "guided_decoding"}
         guided = params.guided_decoding
+        thinking_budget = SURFACE.thinking_budget and self.args.reasoning_parser is not None
         self._record("generate", request_id=self._next_id, prompt_length=len(inputs), streaming=streaming,
+                     thinking_budget=thinking_budget, rank=(self._next_id - 1) % self._ranks,
                      sampling=sampling, decoding=params.decoding(self.mixed_sampler), instance=id(self),
                      seed_used=params.seed if SURFACE.per_request_seed else None,
                      guided=guided and {name: getattr(guided, name) for name in guided.__slots__
@@ -252,34 +273,43 @@ class LLM:
         self.shutdown()
         return False
 
-    def _cache_hit(self, prompt: list[int]) -> int:
+    def _cache_hit(self, prompt: list[int], request_id: int) -> int:
+        rank = (request_id - 1) % self._ranks  # attention DP deals requests to the ranks in turn
         best = 0
         if self._block_reuse:
-            for seen in self._seen_prompts:
+            for seen in self._seen_prompts[rank]:
                 common = next((i for i, (a, b) in enumerate(zip(seen, prompt)) if a != b), min(len(seen), len(prompt)))
                 best = max(best, common // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK)
-        self._seen_prompts.append(prompt)
+        self._seen_prompts[rank].append(prompt)
         if self._events_on:
-            self._store_blocks(prompt)
+            self._store_blocks(prompt, rank)
         return best
 
-    def _store_blocks(self, prompt: list[int]) -> None:
-        parent = None
-        for start in range(0, len(prompt) - TOKENS_PER_BLOCK + 1, TOKENS_PER_BLOCK):
-            key = hash((parent, tuple(prompt[start:start + TOKENS_PER_BLOCK])))
-            if key not in self._blocks:
-                tokens = [{"type": "unique_token", "token_id": t} for t in prompt[start:start + TOKENS_PER_BLOCK]]
-                self._event({"type": "stored", "parent_hash": parent,
-                             "blocks": [{"type": "stored_block", "block_hash": key, "tokens": tokens}]})
-            self._blocks[key] = None
-            self._blocks.move_to_end(key)
-            parent = key
-        while len(self._blocks) > self._capacity:
-            self._event({"type": "removed", "block_hashes": [self._blocks.popitem(last=False)[0]]})
+    def _store_blocks(self, prompt: list[int], rank: int) -> None:
+        blocks = self._blocks[rank]
+        for window in WINDOWS:  # the same blocks in each window's pool, hashed per window
+            parent, new_parent, new = None, None, []
+            for start in range(0, len(prompt), TOKENS_PER_BLOCK):
+                chunk = prompt[start:start + TOKENS_PER_BLOCK]
+                key = hash((window, parent, tuple(chunk)))
+                held = (window, key) in blocks and len(chunk) == TOKENS_PER_BLOCK
+                if not held:  # chained hashes: the new blocks are the prompt's tail
+                    new_parent = parent if not new else new_parent
+                    new.append({"type": "stored_block", "block_hash": key, "tokens": _tokens(chunk)})
+                if len(chunk) < TOKENS_PER_BLOCK:
+                    break  # the trailing partial block: stored (partial reuse), not kept for reuse here
+                blocks[(window, key)] = None
+                blocks.move_to_end((window, key))
+                parent = key
+            if new:
+                self._event(rank, window, {"type": "stored", "parent_hash": new_parent, "blocks": new})
+        while len(blocks) > self._capacity * len(WINDOWS):
+            window, key = blocks.popitem(last=False)[0]
+            self._event(rank, window, {"type": "removed", "block_hashes": [key]})
 
-    def _event(self, data: dict[str, Any]) -> None:
-        self._events.append({"event_id": next(self._event_ids), "window_size": 131072, "attention_dp_rank": 0,
-                             "data": data})
+    def _event(self, rank: int, window: int, data: dict[str, Any]) -> None:
+        self._events.append({"event_id": next(self._event_ids[rank]), "window_size": window,
+                             "attention_dp_rank": rank, "data": data})
 
     async def get_kv_cache_events_async(self, timeout: float | None = 2) -> Any:
         """The events recorded since the last call (llm.py: an async iterable); waits up to `timeout` for one."""

@@ -1,0 +1,1 @@
+"""tensorrt_llm/grpc: trtllm-serve's gRPC servers (2026)."""
