@@ -33,8 +33,9 @@ from tests.vllm_server import (
     write_tiny_gpt_oss,
 )
 
-# The MCP servers' fixtures; a plugin module, because it needs LiveServer from here.
-pytest_plugins = ["tests.mcp_servers", "tests.postgres"]
+# The MCP servers' fixtures (a plugin module, because it needs LiveServer from here), PostgreSQL's, and the check
+# that no test leaves a process behind.
+pytest_plugins = ["tests.mcp_servers", "tests.postgres", "tests.processes"]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "openai/gpt-oss-20b"
