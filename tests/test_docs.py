@@ -132,15 +132,46 @@ def test_data_blocks_parse(block: Block) -> None:
         list(yaml.safe_load_all(block.code))
 
 
+class Ports:
+    """The loopback ports a page writes, each mapped to a free one: commands that share a port on the page share one
+    in the test, commands that do not, do not (a page whose commands collide fails as a reader's would)."""
+
+    def __init__(self, mapped: dict[int, int] | None = None) -> None:
+        self.mapped = dict(mapped or {})
+
+    def port(self, written: int) -> int:
+        return self.mapped.setdefault(written, free_port())
+
+    def command(self, command: str) -> str:
+        command = re.sub(r"(127\.0\.0\.1|localhost):(\d+)", lambda m: f"{m[1]}:{self.port(int(m[2]))}", command)
+        return re.sub(r"--port([ =])(\d+)", lambda m: f"--port{m[1]}{self.port(int(m[2]))}", command)
+
+
+def listening_port(arguments: list[str]) -> int | None:
+    """The port a `harmony-proxy serve` command line names (its last --port), else None (8000, the default)."""
+    found = None
+    for index, word in enumerate(arguments):
+        if word == "--port" and index + 1 < len(arguments):
+            found = int(arguments[index + 1])
+        elif word.startswith("--port="):
+            found = int(word.split("=", 1)[1])
+    return found
+
+
 @pytest.fixture
 def started(tmp_path: Path) -> Iterator[Callable[[list[str]], None]]:
-    """started(arguments): `harmony-proxy serve ARGUMENTS` on a free port, until its /health answers 200."""
+    """started(arguments): `harmony-proxy serve ARGUMENTS` (on a free port unless they name one), until its /health
+    answers 200."""
     processes: list[subprocess.Popen[str]] = []
 
     def start_serving(arguments: list[str]) -> None:
-        port = free_port()
-        env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)}
-        processes.append(start([sys.executable, "-m", "proxy", "serve", *arguments, "--port", str(port)], env))
+        port = listening_port(arguments)
+        if port is None:
+            port = free_port()
+            arguments = [*arguments, "--port", str(port)]
+        env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path),
+               "NO_PROXY": "127.0.0.1,localhost"}
+        processes.append(start([sys.executable, "-m", "proxy", "serve", *arguments], env))
         wait_healthy(port, processes[-1])
 
     yield start_serving
@@ -150,13 +181,15 @@ def started(tmp_path: Path) -> Iterator[Callable[[list[str]], None]]:
 
 @pytest.mark.parametrize("block", [b for b in RUNNABLE if b.language in SHELL], ids=str)
 def test_shell_blocks_run(block: Block, mock_url: str, started: Callable[[list[str]], None]) -> None:
+    ports = Ports({8000: int(mock_url.rsplit(":", 1)[1])})  # the page's default server: a mock
     for command in commands(block.code):
+        command = ports.command(command)
         arguments = serve_arguments(command)
         if arguments is not None:
             started(arguments)
         elif command.startswith("curl "):
-            done = subprocess.run(["bash", "-c", command.replace("http://127.0.0.1:8000", mock_url)],
-                                  capture_output=True, text=True, timeout=60, check=False)
+            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=False,
+                                  env={**os.environ, "NO_PROXY": "127.0.0.1,localhost"})
             assert done.returncode == 0, f"{block}: {done.stderr}"
             assert "error" not in json.loads(done.stdout), f"{block}: {done.stdout}"
         elif command.startswith("python benchmarks/"):
