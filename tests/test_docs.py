@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -245,3 +246,73 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert command in section
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
     assert ci == command
+
+
+def options_table() -> list[tuple[str, str]]:
+    """docs/options.md's table of options: (the option cell, the default cell) of each row."""
+    text = (ROOT / "docs" / "options.md").read_text(encoding="utf-8")
+    table = text.split("| option | default | meaning |", 1)[1].split("\n\n", 1)[0]
+    rows = [re.split(r"(?<!\\)\|", line)[1:3] for line in table.strip().splitlines()[1:]]
+    return [(option.strip(), default.strip()) for option, default in rows]
+
+
+def shown(value: object) -> str:
+    """A default as the table writes it: 30.0 is 30."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def test_the_options_table_gives_each_options_choices_and_default() -> None:
+    """Each option of `harmony-proxy serve` in docs/options.md with the parser's own choices (all of them) and
+    default: a fixed default is written as it is, an environment variable's as `$NAME`, a flag's as off."""
+    parser = build_parser()
+    serve = next(action for action in parser._actions if action.dest == "command").choices["serve"]
+    rows = options_table()
+    wrong = []
+    for action in serve._actions:
+        options = [option for option in action.option_strings if option.startswith("--") and "_" not in option]
+        if not options or action.dest == "help" or options[0].startswith("--num-serve"):
+            continue
+        row = next(((cell, default) for cell, default in rows if set(OPTION.findall(cell)) & set(options)), None)
+        if row is None:
+            wrong.append(f"{options[0]}: no row")
+            continue
+        cell, default = row
+        if action.choices:
+            listed = re.search(rf"`{re.escape(next(o for o in options if o in cell))} ([^`]*)`", cell)
+            if listed is None or set(listed.group(1).split("\\|")) != set(action.choices):
+                wrong.append(f"{options[0]}: the choices are {'|'.join(action.choices)}, the table says {cell}")
+        environment = re.search(r"set (HARMONY_PROXY_[A-Z_]+)", action.help or "")
+        if environment:
+            expected = f"`${environment.group(1)}`"
+        elif action.nargs == 0:
+            expected = "off" if action.default is False else ""
+        elif action.default in (None, [], ()):
+            continue  # described in words: what the server does without it
+        else:
+            expected = shown(action.default)
+        if expected not in default and not (expected == "" and default == ""):
+            wrong.append(f"{options[0]}: the default is {expected!r}, the table says {default!r}")
+    assert not wrong, "docs/options.md disagrees with the parser:\n" + "\n".join(wrong)
+
+
+def test_the_documented_access_line_is_the_servers(tmp_path: Path) -> None:
+    """docs/observability.md's access line has the shape of a real one: its request id, its fields in order."""
+    text = (ROOT / "docs" / "observability.md").read_text(encoding="utf-8")
+    documented = next(line for line in text.splitlines() if " INFO harmony_proxy.access [" in line)
+    port = free_port()
+    process = start([sys.executable, "-m", "proxy", "serve", "--port", str(port)],
+                    {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)})
+    try:
+        wait_healthy(port, process)
+        body = {"model": "openai/gpt-oss-20b", "messages": [{"role": "user", "content": "hi"}]}
+        request_id = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+                                timeout=60).headers["x-request-id"]
+    finally:
+        output = stop(process)
+    real = next(line for line in output.splitlines() if f"harmony_proxy.access [{request_id}]" in line)
+
+    def shape(line: str) -> tuple[str, list[str]]:
+        head, fields = line.split("]: ", 1)
+        return re.sub(r"[0-9a-f]", "h", head.split("[", 1)[1]), re.findall(r" (\w+)=", fields)
+
+    assert shape(documented) == shape(real), (documented, real)

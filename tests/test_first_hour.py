@@ -5,6 +5,7 @@ The servers run as `python -m proxy serve` processes on loopback, their logs rea
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -131,3 +132,15 @@ def wait_for(condition: Callable[[], bool], process: subprocess.Popen[str]) -> N
     while not condition():
         assert process.poll() is None, "the server stopped"
         time.sleep(0.1)
+
+
+def test_the_api_key_guards_every_route_but_those_help_names(serve: Callable[..., LiveServer]) -> None:
+    serve_command = next(action for action in build_parser()._actions if action.dest == "command").choices["serve"]
+    said = next(action.help for action in serve_command._actions if action.dest == "api_key")
+    open_routes = re.findall(r"(/\w+)", said.split("every route but ", 1)[1].split(" and the playground", 1)[0])
+    assert open_routes == ["/live", "/health", "/ready"]
+    server = serve(api_key="sk-first-hour")
+    for path in [*open_routes, "/"]:  # the playground page too
+        assert httpx.get(server.base_url + path, timeout=30).status_code == 200, path
+    for path in ["/v1/models", "/metrics"]:  # /metrics too, unless --metrics-public
+        assert httpx.get(server.base_url + path, timeout=30).status_code == 401, path

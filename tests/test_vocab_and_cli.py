@@ -163,7 +163,7 @@ def test_serve_help_says_what_the_api_key_covers() -> None:
     result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--help"], check=True, capture_output=True,
                             text=True, timeout=60)
     text = " ".join(result.stdout.split())
-    assert "on every route but /health" in text and "the playground page" in text and "/v1 routes" not in text
+    assert "on every route but /live, /health, /ready and the playground page" in text and "/v1 routes" not in text
 
 
 def test_serve_scripted_engine_from_a_file(tmp_path: Path) -> None:
