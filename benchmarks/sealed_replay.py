@@ -26,6 +26,7 @@ from proxy.responses.sealing import Sealer
 from tests.conftest import MODEL
 from tests.test_request_stalls import HealthWatch
 from tests.test_store_processes import ServerProcess
+from tests.waiting import process_cpu
 
 KEY = "replay-benchmark-key-0123456789"
 
@@ -51,21 +52,22 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
 
 
 def measure(server: ServerProcess, path: str, body: bytes) -> dict[str, Any]:
-    """One request: its status and time, the longest /health meanwhile, and the process's peak RSS growth."""
+    """One request: its status, time and the server's CPU time for it, the longest /health meanwhile and the most CPU
+    the server's event loop spent in one of those round trips (`held`), and the process's peak RSS growth."""
     pid = server.process.pid
     with httpx.Client(timeout=300) as client:
         client.get(server.url + "/health")
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets the peak RSS (VmHWM) to the current RSS
         before = rss_kib(pid)
-        with HealthWatch(server.url) as watch:
+        with HealthWatch(server.url, pid) as watch:
             time.sleep(0.05)
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), process_cpu(pid)
             response = client.post(server.url + path, content=body, headers={"content-type": "application/json"})
-            took = time.perf_counter() - started
+            took, cpu = time.perf_counter() - started, process_cpu(pid) - cpu
             time.sleep(0.05)
     error = response.json().get("error") or {} if response.status_code != 200 else {}
-    return {"status": response.status_code, "code": error.get("code"), "seconds": took,
-            "health": watch.longest, "grew_mb": (rss_kib(pid, "VmHWM") - before) / 1024}
+    return {"status": response.status_code, "code": error.get("code"), "seconds": took, "cpu_seconds": cpu,
+            "health": watch.longest, "held": watch.held, "grew_mb": (rss_kib(pid, "VmHWM") - before) / 1024}
 
 
 def run(path: str, copies: int, tokens: int, *options: str) -> dict[str, dict[str, Any]]:

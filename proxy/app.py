@@ -20,6 +20,7 @@ from proxy.chat.routes import chat_completions, tokenize
 from proxy.completions import completions
 from proxy.disconnect import ClientDisconnected, client_gone_handler
 from proxy.engines.base import EngineError
+from proxy.engines.readiness import until_serving
 from proxy.errors import (
     APIError,
     api_error_handler,
@@ -168,10 +169,10 @@ async def _start_engine(state: ServerState, on_failure: Callable[[BaseException]
         if on_failure is not None:
             on_failure(exc)
         return
-    state.metrics.engine_ready(state.engine.ready)
+    # Ready when /health would say so: an upstream listening, an engine host (--workers) connected and greeted.
+    await until_serving(state.engine)
+    state.metrics.engine_ready(True)
     logger.info("the %s engine is ready, serving %s", state.engine.name, state.config.served_model_name)
-    while not state.engine.ready:  # an engine in another process (--workers) says what it takes when it connects
-        await asyncio.sleep(0.2)
     window = getattr(state.engine, "context_window", None)
     if window is not None:  # what the built engine takes: advertised, and held to (proxy/options.py)
         state.config = replace(state.config, max_model_len=min(window.total, state.config.max_model_len),

@@ -33,8 +33,9 @@ from tests.vllm_server import (
     write_tiny_gpt_oss,
 )
 
-# The MCP servers' fixtures; a plugin module, because it needs LiveServer from here.
-pytest_plugins = ["tests.mcp_servers", "tests.postgres"]
+# The MCP servers' fixtures (a plugin module, because it needs LiveServer from here), PostgreSQL's, and the check
+# that no test leaves a process behind.
+pytest_plugins = ["tests.mcp_servers", "tests.postgres", "tests.processes"]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "openai/gpt-oss-20b"
@@ -50,19 +51,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.quick)
 
 
+# Where the tools the tests run keep their caches and configuration, moved into the session's temporary folder.
+SESSION_FOLDERS = {"HOME": "home", "XDG_DATA_HOME": "home/.local/share", "XDG_CACHE_HOME": "home/.cache",
+                   "XDG_CONFIG_HOME": "home/.config", "XDG_STATE_HOME": "home/.local/state",
+                   "VLLM_CACHE_ROOT": "home/.cache/vllm", "npm_config_cache": "home/.npm"}
+
+
+def user_configuration() -> dict[str, str]:
+    """The user's npm and pip configuration files, read where they are (a registry mirror, certificates): the
+    tools are pointed at them, since their home folder is the session's."""
+    home = Path.home()
+    found = {}
+    if (home / ".npmrc").is_file() and "npm_config_userconfig" not in os.environ:
+        found["npm_config_userconfig"] = str(home / ".npmrc")
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "pip" / "pip.conf"
+    if config.is_file() and "PIP_CONFIG_FILE" not in os.environ:
+        found["PIP_CONFIG_FILE"] = str(config)
+    return found
+
+
 @pytest.fixture(scope="session", autouse=True)
-def data_folder_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """No test writes outside its temporary folders. A server given no --store-path with a real engine stores in
-    the user's data folder ($XDG_DATA_HOME, else ~/.local/share): the tests' servers, and every process they start,
-    get a temporary one instead. Tests that start such servers check the path their log names (test_trtllm_cli,
-    test_first_hour): a check of the user's folder itself would see other programs' writes too."""
-    previous = os.environ.get("XDG_DATA_HOME")
-    os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("xdg-data"))
-    yield
-    if previous is None:
-        os.environ.pop("XDG_DATA_HOME", None)
-    else:
-        os.environ["XDG_DATA_HOME"] = previous
+def folders_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """No test writes outside its temporary folders. The session, and every process it starts, gets a home folder
+    and XDG folders of its own: a server with a real engine and no --store-path stores in $XDG_DATA_HOME; vLLM
+    caches in $VLLM_CACHE_ROOT, Chromium writes crash reports and dconf under $HOME, npm its cache and logs in
+    $npm_config_cache, Codex, pip and the rest under $HOME. tests/test_hygiene.py checks where each tool writes."""
+    root = tmp_path_factory.mktemp("session")
+    moved = {name: str(root / folder) for name, folder in SESSION_FOLDERS.items()} | user_configuration()
+    for folder in SESSION_FOLDERS.values():
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    previous = {name: os.environ.get(name) for name in moved}
+    os.environ.update(moved)
+    yield root
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 # What docs/upstream.md tells users to start vLLM with: usage's cached_tokens, and the grammar backend of
 # `--upstream-guided-decoding xgrammar` (vLLM runs one backend, chosen by the first constrained request under "auto").
 VLLM_FLAGS = ("--enable-prompt-tokens-details", "--structured-outputs-config.backend", "xgrammar")

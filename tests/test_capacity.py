@@ -22,6 +22,7 @@ from tests.test_e2e_chat import ANSWER
 from tests.test_trtllm import events, model_folder
 from tests.test_trtllm_cli import fake_env
 from tests.test_vocab_and_cli import clean_env, free_port, stop, wait_healthy
+from tests.waiting import eventually
 
 MODEL = "openai/gpt-oss-20b"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -104,10 +105,7 @@ def test_over_http_requests_queue_then_get_429_with_retry_after(serve, vocab: Vo
     assert started.wait(10)
     queued = threading.Thread(target=_stream_first_token, args=(server.base_url, threading.Event(), results))
     queued.start()
-    deadline = time.monotonic() + 5
-    while queue.queued != 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert queue.queued == 1
+    eventually(lambda: queue.queued == 1, still=running.is_alive)  # queued while the first one streams
 
     refused = httpx.post(f"{server.base_url}/v1/chat/completions", json=CHAT, timeout=10)
     assert refused.status_code == 429
@@ -133,10 +131,7 @@ def test_a_client_that_disconnects_while_queued_leaves_the_queue(serve, vocab: V
     assert started.wait(10)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.base_url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=0.5)
-    deadline = time.monotonic() + 2
-    while queue.queued and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert queue.queued == 0  # gone at once, long before the running stream ends
+    eventually(lambda: queue.queued == 0, still=running.is_alive)  # gone before the running stream ends
     assert running.is_alive()
     running.join(30)
 
@@ -173,8 +168,8 @@ def test_trtllm_workers_share_one_engine_process_built_in_its_main_thread(tmp_pa
     )
     try:
         saw_loading = False
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while True:  # as long as it runs
+            assert process.poll() is None, "the server stopped"
             try:
                 health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
             except httpx.TransportError:
@@ -195,9 +190,8 @@ def test_trtllm_workers_share_one_engine_process_built_in_its_main_thread(tmp_pa
             for line in stream.iter_lines():
                 if '"content":"word' in line:
                     break
-        deadline = time.monotonic() + 5
-        while not any(e["event"] == "abort" for e in events(folder)) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: any(e["event"] == "abort" for e in events(folder)), still=lambda: process.poll() is None,
+                   interval=0.05)
     finally:
         output = stop(process)
     inits = [e for e in events(folder) if e["event"] == "init"]

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -132,15 +133,46 @@ def test_data_blocks_parse(block: Block) -> None:
         list(yaml.safe_load_all(block.code))
 
 
+class Ports:
+    """The loopback ports a page writes, each mapped to a free one: commands that share a port on the page share one
+    in the test, commands that do not, do not (a page whose commands collide fails as a reader's would)."""
+
+    def __init__(self, mapped: dict[int, int] | None = None) -> None:
+        self.mapped = dict(mapped or {})
+
+    def port(self, written: int) -> int:
+        return self.mapped.setdefault(written, free_port())
+
+    def command(self, command: str) -> str:
+        command = re.sub(r"(127\.0\.0\.1|localhost):(\d+)", lambda m: f"{m[1]}:{self.port(int(m[2]))}", command)
+        return re.sub(r"--port([ =])(\d+)", lambda m: f"--port{m[1]}{self.port(int(m[2]))}", command)
+
+
+def listening_port(arguments: list[str]) -> int | None:
+    """The port a `harmony-proxy serve` command line names (its last --port), else None (8000, the default)."""
+    found = None
+    for index, word in enumerate(arguments):
+        if word == "--port" and index + 1 < len(arguments):
+            found = int(arguments[index + 1])
+        elif word.startswith("--port="):
+            found = int(word.split("=", 1)[1])
+    return found
+
+
 @pytest.fixture
 def started(tmp_path: Path) -> Iterator[Callable[[list[str]], None]]:
-    """started(arguments): `harmony-proxy serve ARGUMENTS` on a free port, until its /health answers 200."""
+    """started(arguments): `harmony-proxy serve ARGUMENTS` (on a free port unless they name one), until its /health
+    answers 200."""
     processes: list[subprocess.Popen[str]] = []
 
     def start_serving(arguments: list[str]) -> None:
-        port = free_port()
-        env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)}
-        processes.append(start([sys.executable, "-m", "proxy", "serve", *arguments, "--port", str(port)], env))
+        port = listening_port(arguments)
+        if port is None:
+            port = free_port()
+            arguments = [*arguments, "--port", str(port)]
+        env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path),
+               "NO_PROXY": "127.0.0.1,localhost"}
+        processes.append(start([sys.executable, "-m", "proxy", "serve", *arguments], env))
         wait_healthy(port, processes[-1])
 
     yield start_serving
@@ -150,13 +182,15 @@ def started(tmp_path: Path) -> Iterator[Callable[[list[str]], None]]:
 
 @pytest.mark.parametrize("block", [b for b in RUNNABLE if b.language in SHELL], ids=str)
 def test_shell_blocks_run(block: Block, mock_url: str, started: Callable[[list[str]], None]) -> None:
+    ports = Ports({8000: int(mock_url.rsplit(":", 1)[1])})  # the page's default server: a mock
     for command in commands(block.code):
+        command = ports.command(command)
         arguments = serve_arguments(command)
         if arguments is not None:
             started(arguments)
         elif command.startswith("curl "):
-            done = subprocess.run(["bash", "-c", command.replace("http://127.0.0.1:8000", mock_url)],
-                                  capture_output=True, text=True, timeout=60, check=False)
+            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, check=False,
+                                  env={**os.environ, "NO_PROXY": "127.0.0.1,localhost"})
             assert done.returncode == 0, f"{block}: {done.stderr}"
             assert "error" not in json.loads(done.stdout), f"{block}: {done.stdout}"
         elif command.startswith("python benchmarks/"):
@@ -212,3 +246,73 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert command in section
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
     assert ci == command
+
+
+def options_table() -> list[tuple[str, str]]:
+    """docs/options.md's table of options: (the option cell, the default cell) of each row."""
+    text = (ROOT / "docs" / "options.md").read_text(encoding="utf-8")
+    table = text.split("| option | default | meaning |", 1)[1].split("\n\n", 1)[0]
+    rows = [re.split(r"(?<!\\)\|", line)[1:3] for line in table.strip().splitlines()[1:]]
+    return [(option.strip(), default.strip()) for option, default in rows]
+
+
+def shown(value: object) -> str:
+    """A default as the table writes it: 30.0 is 30."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def test_the_options_table_gives_each_options_choices_and_default() -> None:
+    """Each option of `harmony-proxy serve` in docs/options.md with the parser's own choices (all of them) and
+    default: a fixed default is written as it is, an environment variable's as `$NAME`, a flag's as off."""
+    parser = build_parser()
+    serve = next(action for action in parser._actions if action.dest == "command").choices["serve"]
+    rows = options_table()
+    wrong = []
+    for action in serve._actions:
+        options = [option for option in action.option_strings if option.startswith("--") and "_" not in option]
+        if not options or action.dest == "help" or options[0].startswith("--num-serve"):
+            continue
+        row = next(((cell, default) for cell, default in rows if set(OPTION.findall(cell)) & set(options)), None)
+        if row is None:
+            wrong.append(f"{options[0]}: no row")
+            continue
+        cell, default = row
+        if action.choices:
+            listed = re.search(rf"`{re.escape(next(o for o in options if o in cell))} ([^`]*)`", cell)
+            if listed is None or set(listed.group(1).split("\\|")) != set(action.choices):
+                wrong.append(f"{options[0]}: the choices are {'|'.join(action.choices)}, the table says {cell}")
+        environment = re.search(r"set (HARMONY_PROXY_[A-Z_]+)", action.help or "")
+        if environment:
+            expected = f"`${environment.group(1)}`"
+        elif action.nargs == 0:
+            expected = "off" if action.default is False else ""
+        elif action.default in (None, [], ()):
+            continue  # described in words: what the server does without it
+        else:
+            expected = shown(action.default)
+        if expected not in default and not (expected == "" and default == ""):
+            wrong.append(f"{options[0]}: the default is {expected!r}, the table says {default!r}")
+    assert not wrong, "docs/options.md disagrees with the parser:\n" + "\n".join(wrong)
+
+
+def test_the_documented_access_line_is_the_servers(tmp_path: Path) -> None:
+    """docs/observability.md's access line has the shape of a real one: its request id, its fields in order."""
+    text = (ROOT / "docs" / "observability.md").read_text(encoding="utf-8")
+    documented = next(line for line in text.splitlines() if " INFO harmony_proxy.access [" in line)
+    port = free_port()
+    process = start([sys.executable, "-m", "proxy", "serve", "--port", str(port)],
+                    {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data"), "HOME": str(tmp_path)})
+    try:
+        wait_healthy(port, process)
+        body = {"model": "openai/gpt-oss-20b", "messages": [{"role": "user", "content": "hi"}]}
+        request_id = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+                                timeout=60).headers["x-request-id"]
+    finally:
+        output = stop(process)
+    real = next(line for line in output.splitlines() if f"harmony_proxy.access [{request_id}]" in line)
+
+    def shape(line: str) -> tuple[str, list[str]]:
+        head, fields = line.split("]: ", 1)
+        return re.sub(r"[0-9a-f]", "h", head.split("[", 1)[1]), re.findall(r" (\w+)=", fields)
+
+    assert shape(documented) == shape(real), (documented, real)

@@ -88,7 +88,9 @@ def test_a_client_that_leaves_stops_the_frames_at_once(together: bool) -> None:
 
     client, closed, took = asyncio.run(main())
     assert closed == [True]  # the frame iterator was closed: that is what cancels the engine request
-    assert took < 1.0
+    # Counted in frames, not seconds (the client left after ten frames' pauses on the same loop; the stream has 1000)
+    frames = b"".join(m.get("body", b"") for m in client.sent).count(b"data: ")
+    assert frames < 100, (frames, took)
     assert all(m.get("more_body", True) for m in client.sent)  # no end of response for nobody
     assert len(client.bodies()) < 100
 

@@ -5,8 +5,10 @@ The servers run as `python -m proxy serve` processes on loopback, their logs rea
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -93,3 +95,52 @@ def test_the_store_url_is_logged_without_its_password(tmp_path: Path) -> None:
                           text=True, timeout=90, env=clean_env(tmp_path))
     assert "cannot connect to the PostgreSQL store 127.0.0.1:9/responses: " in done.stderr
     assert "pw-hidden" not in done.stderr and done.returncode == 2
+
+
+def test_the_upstream_front_end_says_ready_only_once_its_upstream_listens(tmp_path: Path) -> None:
+    """The laptop recipe started front end first: while its upstream is not listening the front end says why it
+    cannot serve and /ready is 503; "ready" is logged once the upstream answers, not before."""
+    upstream_port, port = free_port(), free_port()
+    log = tmp_path / "front.log"
+    env = clean_env(tmp_path, NO_PROXY="127.0.0.1")
+    with log.open("w") as out:
+        front = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream-url",
+                                  f"http://127.0.0.1:{upstream_port}/v1"], env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, text=True)
+    back = None
+    try:
+        wait_for(lambda: "cannot serve yet" in log.read_text(), front)
+        assert httpx.get(f"http://127.0.0.1:{port}/ready", timeout=30).status_code == 503
+        assert "engine is ready" not in log.read_text()
+        back = start([sys.executable, "-m", "proxy", "serve", "--port", str(upstream_port)], clean_env(tmp_path))
+        wait_healthy(upstream_port, back)
+        wait_for(lambda: "engine is ready" in log.read_text(), front)
+        assert httpx.get(f"http://127.0.0.1:{port}/ready", timeout=30).status_code == 200
+    finally:
+        stop(front)
+        if back is not None:
+            stop(back)
+    text = log.read_text()
+    waiting = next(line for line in text.splitlines() if "cannot serve yet" in line)
+    assert f"http://127.0.0.1:{upstream_port}/v1: connection failed" in waiting and " WARNING " in waiting
+    assert text.count("cannot serve yet") == 1  # said once, not at every check
+    assert text.index("cannot serve yet") < text.index("the upstream engine is ready")
+
+
+def wait_for(condition: Callable[[], bool], process: subprocess.Popen[str]) -> None:
+    """Until `condition` holds, as long as the process runs (it makes progress: it checks, backing off)."""
+    while not condition():
+        assert process.poll() is None, "the server stopped"
+        time.sleep(0.1)
+
+
+def test_the_api_key_guards_every_route_but_those_help_names(serve: Callable[..., LiveServer]) -> None:
+    serve_command = next(action for action in build_parser()._actions if action.dest == "command").choices["serve"]
+    said = next(action.help for action in serve_command._actions if action.dest == "api_key")
+    open_routes = re.findall(r"(/\w+)", said.split("every route but ", 1)[1].split(" and the playground", 1)[0])
+    assert open_routes == ["/live", "/health", "/ready"]
+    server = serve(api_key="sk-first-hour")
+    for path in [*open_routes, "/"]:  # the playground page too
+        assert httpx.get(server.base_url + path, timeout=30).status_code == 200, path
+    for path in ["/v1/models", "/metrics"]:  # /metrics too, unless --metrics-public
+        assert httpx.get(server.base_url + path, timeout=30).status_code == 401, path

@@ -111,11 +111,11 @@ def test_hostile_tool_schemas_do_not_stall_the_mock(server: LiveServer) -> None:
     for schema in ({"type": "object", "properties": {"a": {"type": "string", "minLength": 10**9}}, "required": ["a"]},
                    {"type": "object", "properties": {"a": {"type": "array", "minItems": 10**8}}, "required": ["a"]},
                    {"$ref": "#"}):
-        started = time.monotonic()
+        started = time.process_time()  # CPU time (the server runs in this process): load does not stretch it
         body = {"model": MODEL, "messages": [{"role": "user", "content": "call f"}],
                 "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
         response = httpx.post(server.base_url + CHAT, json=body, timeout=30)
-        assert response.status_code == 200 and time.monotonic() - started < 5
+        assert response.status_code == 200 and time.process_time() - started < 5
         assert response.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"
 
 

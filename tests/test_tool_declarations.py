@@ -267,9 +267,9 @@ def test_references_that_fan_out_stay_bounded() -> None:
     defs = {f"D{level}": {"type": "object", "properties": {
         "a": {"$ref": f"#/$defs/D{level + 1}"}, "b": {"$ref": f"#/$defs/D{level + 1}"}}} for level in range(40)}
     defs["D40"] = {"type": "string"}
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a busy machine does not stretch it
     text = schema_to_typescript({"$defs": defs, "$ref": "#/$defs/D0"})
-    assert time.perf_counter() - started < 1
+    assert time.process_time() - started < 1
     assert len(text) < 2_000_000 and "any" in text  # 2**40 expansions were cut short
 
 

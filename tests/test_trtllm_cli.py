@@ -63,8 +63,8 @@ def test_a_seed_command_is_served_as_trtllm_serve_built_it(tmp_path: Path) -> No
 def test_trtllm_serve_usage_errors_are_its_own(tmp_path: Path, surface: str, flags: list[str], code: int,
                                                said: str) -> None:
     folder = model_folder(tmp_path, [ANSWER])
-    result = subprocess.run([PROXY, "serve", str(folder), *flags], env=fake_env(tmp_path, surface),
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run([PROXY, "serve", str(folder), *flags, "--port", str(free_port())],
+                            env=fake_env(tmp_path, surface), capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == code and said in result.stderr and "Traceback" not in result.stderr
     assert not events(folder)  # nothing was built
 
@@ -108,14 +108,15 @@ def test_sigterm_during_a_long_load_exits_promptly(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("flag", [["--tp_size", "8"], ["--guided-decoding-backend", "xgrammar"]])
 def test_trtllm_arguments_with_another_engine_are_refused(tmp_path: Path, flag: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--engine", "mock", *flag],
-                            env=clean_env(tmp_path), capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "--engine", "mock", *flag, "--port",
+                             str(free_port())], env=clean_env(tmp_path), capture_output=True, text=True,
+                            timeout=60, check=False)
     assert result.returncode == 2 and "unrecognized arguments" in result.stderr
     assert "only taken with --engine trtllm" in result.stderr
 
 
 def test_a_model_without_tensorrt_llm_installed_is_a_clear_error(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "openai/gpt-oss-120b"],
+    result = subprocess.run([sys.executable, "-m", "proxy", "serve", "openai/gpt-oss-120b", "--port", str(free_port())],
                             env=clean_env(tmp_path), capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2 and "needs TensorRT-LLM, which is not installed" in result.stderr
 

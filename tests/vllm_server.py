@@ -275,23 +275,47 @@ class VllmServer:
                # answers nothing (no stream, no /metrics, no abort) until a generation ends. Unpinned, they share.
                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
                "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "TIKTOKEN_ENCODINGS_BASE": str(_vocab_folder()), "PYTHONUNBUFFERED": "1"}
+               "TIKTOKEN_ENCODINGS_BASE": str(_vocab_folder()), "PYTHONUNBUFFERED": "1",
+               # its model-info and compile caches: the session's folder (tests/conftest.py), else beside its log
+               "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT") or str(self.log_path.parent / "vllm-cache")}
         with self.log_path.open("ab") as log:
             # Its own process group: stopping it stops the engine core process it spawns too.
             self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
         return self
 
-    def wait_ready(self, timeout: float = 600.0) -> VllmServer:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_ready(self, stalled: float = 300.0) -> VllmServer:
+        """Until /health answers 200, as long as vLLM makes progress: it fails only after `stalled` seconds in which
+        its processes used no CPU and its log did not grow (a start took 488 s on a loaded machine; it is slow,
+        not stuck, while it works)."""
+        last, last_change = self.progress(), time.monotonic()
+        while True:
             if self.process is None or self.process.poll() is not None:
                 raise RuntimeError(f"vLLM exited while starting; its log ({self.log_path}) ends:\n{self.log_tail()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return self
             time.sleep(0.5)
-        raise RuntimeError(f"vLLM did not start in {timeout:.0f} s; its log ends:\n{self.log_tail()}")
+            now = self.progress()
+            if now != last:
+                last, last_change = now, time.monotonic()
+            elif time.monotonic() - last_change > stalled:
+                raise RuntimeError(f"vLLM made no progress for {stalled:.0f} s; its log ends:\n{self.log_tail()}")
+
+    def progress(self) -> tuple[int, int]:
+        """The CPU ticks its process group used, and its log's size: either grows while it starts."""
+        ticks = 0
+        group = self.process.pid if self.process is not None else -1
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = stat.read_text().rpartition(")")[2].split()
+                if int(fields[2]) == group:  # its process group (started in a session of its own)
+                    ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        try:
+            size = self.log_path.stat().st_size
+        except OSError:
+            size = 0
+        return ticks, size
 
     def metrics(self) -> dict[str, float]:
         """vLLM's Prometheus samples, unlabelled sums per name (`vllm:num_requests_running`, ...)."""
@@ -335,12 +359,13 @@ class VllmServer:
 
 
 @contextlib.contextmanager
-def start_vllm(model_dir: Path, extra_args: Sequence[str] = (), timeout: float = 600.0,
+def start_vllm(model_dir: Path, extra_args: Sequence[str] = (), stalled: float = 300.0,
                **options: Any) -> Iterator[VllmServer]:
-    """A started and ready vLLM on `model_dir`, stopped on exit (an extra replica, other flags...)."""
+    """A started and ready vLLM on `model_dir` (waited for while it makes progress), stopped on exit (an extra
+    replica, other flags...)."""
     server = VllmServer(model_dir, extra_args, **options).start()
     try:
-        yield server.wait_ready(timeout)
+        yield server.wait_ready(stalled)
     finally:
         server.stop()
 

@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int,
                        help=f"context window, prompt plus output (default: the engine's, else {DEFAULT_CONTEXT})")
     serve.add_argument("--api-key", default=os.environ.get("HARMONY_PROXY_API_KEY"),
-                       help="require `Authorization: Bearer KEY` on every route but /health, /ready and the playground "
-                            "page (/metrics too, unless --metrics-public; or set HARMONY_PROXY_API_KEY)")
+                       help="require `Authorization: Bearer KEY` on every route but /live, /health, /ready and the "
+                            "playground page (/metrics too, unless --metrics-public; or set HARMONY_PROXY_API_KEY)")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
                        help="on SIGTERM, seconds running requests may take to finish before they are aborted")
     serve.add_argument("--drain-seconds", type=float, default=0.0, metavar="SECONDS",
@@ -196,8 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     trtllm.add_argument("--guided-decoding-backend", "--guided_decoding_backend", dest="guided_decoding_backend",
                         choices=GUIDED_DECODING_BACKENDS,
                         help="replace the LLM argument guided_decoding_backend that trtllm-serve computed (none: "
-                             "remove it); default: as trtllm-serve, the YAML's, else unset (tool_choice and "
-                             "response_format then only described in the prompt)")
+                             "remove it); default: as trtllm-serve, the YAML's, else unset (constraints are then "
+                             "only described in the prompt, not enforced)")
 
     upstream = serve.add_argument_group("upstream engine")
     upstream.add_argument("--upstream-url", action="append", default=[],
@@ -209,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--upstream-guided-decoding", choices=GUIDED_DECODING,
         help="how the upstream enforces tool_choice and response_format, as it was started: xgrammar or llguidance "
              "(its grammar backend, applied from the first generated token: the whole completion is sent), "
-             "final-json (only the final answer's JSON Schema: a stock vLLM serving gpt-oss applies the grammar "
-             "after the reasoning), none; default: "
+             "final-json (only the final answer's JSON Schema: vLLM 0.32 applies it from the first generated token, "
+             "so the answer is the bare JSON with no reasoning), none; default: "
              + ", ".join(f"{mode} for {flavor}" for flavor, mode in DEFAULT_GUIDED_DECODING.items()))
     upstream.add_argument("--upstream-model", help="the model name the upstream serves (default: --served-model-name)")
     upstream.add_argument("--upstream-api-key", default=os.environ.get("HARMONY_PROXY_UPSTREAM_API_KEY"),
