@@ -243,6 +243,7 @@ def test_past_its_budget_a_replicas_batches_are_dropped_counted_and_its_view_cle
     batch = payload([BlockStored([61], None, prompt, SIZE)])
     size = len(batch) + 8  # the three frames: topic, sequence, payload
     follower, held = subscriber(EventBudget(bytes_per_second=1.0, burst_bytes=2 * size))
+    bucket = follower._bucket
 
     async def send(count: int, first: int) -> None:
         for number in range(first, first + count):
@@ -254,6 +255,9 @@ def test_past_its_budget_a_replicas_batches_are_dropped_counted_and_its_view_cle
         asyncio.run(send(5, 2))
     assert len(held) == 0  # what the dropped batches said (evictions, say) is unknown: nothing is believed
     assert (follower.counts.applied_batches, follower.counts.dropped_batches) == (2, 5)
+    bucket._level = bucket._burst  # within the budget again
+    asyncio.run(send(1, 8))  # batch 7 never came (the dropped ones did)
+    assert follower.counts.missed_batches == 1
     assert follower.counts.dropped_bytes == 5 * size
     assert sum("budget" in record.getMessage() for record in caplog.records) == 1  # logged once
 

@@ -251,6 +251,8 @@ class EventSubscriber:
             self.counts.dropped_batches += 1
             self.counts.dropped_bytes += size
             held.clear()  # the dropped batch may have evicted blocks: nothing believed can stand
+            if len(frames) == 3 and len(frames[1]) == 8:  # received: not counted as missed when the next one is read
+                held.last_sequence = int.from_bytes(frames[1], "big", signed=True)
             self._warn_once("budget", "the KV-cache events of %s pass its budget (%d bytes/s): dropped, and what "
                             "it holds forgotten until it is within it (counted in harmony_proxy:kv_event_batches)",
                             self._bucket.rate)

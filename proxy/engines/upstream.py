@@ -107,7 +107,8 @@ class UpstreamEngine:
             subscriber.start()
 
     def kv_event_counts(self) -> dict[str, tuple[EventCounts, int]]:
-        """Per replica that publishes KV-cache events: what became of them, and the blocks it is believed to hold."""
+        """Per replica (with several, each followed for its KV-cache events): what became of its events, and the
+        blocks it is believed to hold."""
         return {_public(url): (subscriber.counts, len(subscriber.view))
                 for url, subscriber in zip(self._urls, self._subscribers, strict=False)}
 
