@@ -39,7 +39,6 @@ from tests.test_vllm_constraints import (
     REPORT,
     SCHEMAS,
     call_of,
-    custom_input,
     tool,
 )
 from tests.vllm_server import ROOT, VllmServer, free_port, kv_event_flags, vllm_python
@@ -157,6 +156,14 @@ def test_output_constraints_hold_on_real_decoding(inprocess: dict[str, Any]) -> 
     jsonschema.validate(json.loads(answer.choices[0].message.content), REPORT)
     assert re.fullmatch("[0-9]{4}", custom_input(openai, PIN))
     assert QUERY_TEXT.fullmatch(custom_input(openai, QUERY))
+
+
+def custom_input(openai: Any, tool: dict[str, Any]) -> str:
+    response = openai.responses.create(model=MODEL, input="Do it.", tools=[tool], store=False,
+                                       tool_choice={"type": "custom", "name": tool["name"]}, max_output_tokens=300)
+    calls = [item for item in response.output if item.type == "custom_tool_call"]
+    assert response.status == "completed" and len(calls) == 1 and calls[0].name == tool["name"], response
+    return calls[0].input
 
 
 def test_a_client_that_leaves_frees_vllm(inprocess: dict[str, Any]) -> None:
