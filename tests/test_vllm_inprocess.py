@@ -180,8 +180,10 @@ def test_a_client_that_leaves_frees_vllm(inprocess: dict[str, Any]) -> None:
             assert time.monotonic() < deadline, "vLLM does not run the request"
             time.sleep(0.05)
         generating = server.metrics(ENGINE)["vllm:generation_tokens_total"]
+        left = time.monotonic()
     while server.metrics(ENGINE)["vllm:num_requests_running"] != 0:
         time.sleep(0.05)
+    print(f"vLLM's engine freed the request {time.monotonic() - left:.2f} s after the client left")
     generated = server.metrics(ENGINE)["vllm:generation_tokens_total"]
     time.sleep(0.5)
     assert server.metrics(ENGINE)["vllm:generation_tokens_total"] == generated
