@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
+import inspect
 import itertools
 import logging
 import threading
@@ -62,6 +63,7 @@ class VllmEngine:
         self._max_tokens: Any = None
         self._client_errors: tuple[type[BaseException], ...] = (ValueError,)
         self._dead_error: type[BaseException] = RuntimeError
+        self._gate = False  # whether this release's AsyncLLM.generate takes `reasoning_ended`
 
     @property
     def ready(self) -> bool:
@@ -158,6 +160,7 @@ class VllmEngine:
             "NOT enforced (use --structured-outputs-config.backend guidance or xgrammar)")
         self.context_window = ContextWindow(model.max_model_len, model.max_model_len - 1)  # one token to generate
         self.kv_event_sources = _sources(client.get_kv_event_sources())
+        self._gate = "reasoning_ended" in inspect.signature(client.generate).parameters
         self._client = client
         logger.info("vLLM %s serving %s: prompt plus output up to %d tokens", vllm.__version__,
                     self.served_model_name, model.max_model_len)
@@ -183,7 +186,11 @@ class VllmEngine:
         prompt = request.prompt_token_ids
         params = self._sampling_params(request)
         # A request id vLLM has not seen: a tool loop generates several times under one of ours.
-        stream = self._client.generate({"prompt_token_ids": prompt}, params, f"{request.request_id}-{next(self._ids)}")
+        # The grammar is the whole completion's, reasoning included: applied from the first token, whatever the
+        # reasoning parser vLLM set for gpt-oss would gate (AsyncLLM.generate's `reasoning_ended`, 0.32 on).
+        gate = {"reasoning_ended": True} if params.structured_outputs is not None and self._gate else {}
+        stream = self._client.generate({"prompt_token_ids": prompt}, params, f"{request.request_id}-{next(self._ids)}",
+                                       **gate)
         generated, last = 0, None
         try:
             async for output in stream:
