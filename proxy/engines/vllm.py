@@ -185,10 +185,10 @@ class VllmEngine:
             raise EngineError("The vLLM engine is not serving.", status=503, code="engine_unavailable")
         prompt = request.prompt_token_ids
         params = self._sampling_params(request)
-        # A request id vLLM has not seen: a tool loop generates several times under one of ours.
         # The grammar is the whole completion's, reasoning included: applied from the first token, whatever the
         # reasoning parser vLLM set for gpt-oss would gate (AsyncLLM.generate's `reasoning_ended`, 0.32 on).
         gate = {"reasoning_ended": True} if params.structured_outputs is not None and self._gate else {}
+        # A request id vLLM has not seen: a tool loop generates several times under one of ours.
         stream = self._client.generate({"prompt_token_ids": prompt}, params, f"{request.request_id}-{next(self._ids)}",
                                        **gate)
         generated, last = 0, None
