@@ -90,7 +90,8 @@ def error_frame(handle: int, error: EngineError) -> bytes:
 
 
 class Greeting(NamedTuple):
-    """What the host says first: its engine, what the built engine takes, where it publishes KV-cache events."""
+    """What the host says first: its engine's name, what the built engine takes (front ends advertise it), and
+    where the engine publishes its KV-cache events (front ends answer `/kv_event_sources` with it)."""
 
     engine: str
     context_window: ContextWindow | None = None
