@@ -171,6 +171,11 @@ class EngineWrapper:
     def context_window(self) -> ContextWindow | None:
         return getattr(self.inner, "context_window", None)
 
+    @property
+    def kv_event_sources(self) -> dict[str, Any] | None:
+        """Where the inner engine publishes its KV-cache events, if it does (`/kv_event_sources`)."""
+        return getattr(self.inner, "kv_event_sources", None)
+
     async def close(self) -> None:
         await self.inner.close()
 
