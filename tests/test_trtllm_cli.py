@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,12 +17,14 @@ from tests.test_e2e_chat import ANSWER, CALL, WEATHER
 from tests.test_trtllm import FAKE, events, model_folder
 from tests.test_vocab_and_cli import clean_env, free_port, stop, wait_healthy
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "trtllm"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "trtllm"
 PROXY = str(Path(sys.executable).with_name("harmony-proxy"))
 
 
 def fake_env(tmp_path: Path, surface: str = "newest") -> dict[str, str]:
-    return clean_env(tmp_path, PYTHONPATH=str(FAKE), FAKE_TRTLLM_SURFACE=surface)
+    # this checkout's code first: the console script would otherwise import wherever the project is installed from
+    return clean_env(tmp_path, PYTHONPATH=os.pathsep.join((str(ROOT), str(FAKE))), FAKE_TRTLLM_SURFACE=surface)
 
 
 def init_args(folder: Path) -> dict[str, Any]:
@@ -38,7 +41,7 @@ def test_a_seed_command_is_served_as_trtllm_serve_built_it(tmp_path: Path) -> No
                                text=True)
     try:
         wait_healthy(port, process)
-        model = str(folder)  # as trtllm-serve, the served model name defaults to the model
+        model = folder.name  # as trtllm-serve, a local model directory is served under its folder name
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
                             json={"model": model, "messages": [{"role": "user", "content": "hi"}]}).json()
         assert answer["choices"][0]["message"]["content"] == "It is 18C."
@@ -129,7 +132,7 @@ def test_an_old_release_with_xgrammar_serves_constraints_unenforced_and_says_so(
                                stderr=subprocess.STDOUT, text=True)
     try:
         wait_healthy(port, process)
-        body = {"model": str(folder), "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER],
+        body = {"model": folder.name, "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER],
                 "tool_choice": "required"}
         answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30).json()
         assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
@@ -150,7 +153,10 @@ def test_a_copied_2026_command_serves_under_its_name_with_its_context(tmp_path: 
     process = subprocess.Popen(command, env=fake_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     try:
-        wait_healthy(port, process)
+        deadline = time.monotonic() + 300  # three processes start on a busy machine: wait while they are alive
+        while not healthy(port):
+            assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]
         assert (models["id"], models["max_model_len"]) == ("gpt-oss", 256)  # the longest prompt the LLM takes
         long_prompt = {"model": "gpt-oss", "messages": [{"role": "user", "content": "word " * 300}]}
@@ -159,3 +165,35 @@ def test_a_copied_2026_command_serves_under_its_name_with_its_context(tmp_path: 
     finally:
         stop(process)
     assert init_args(folder)["kv_cache_config"]["dtype"] == "fp8"
+
+
+def test_workers_serve_a_model_directory_by_its_name_and_list_where_its_events_are_published(tmp_path: Path) -> None:
+    """`harmony-proxy serve /models/gpt-oss-fake --workers 2` with the LLM's KV-cache events on: every front end
+    answers to the folder's name, as trtllm-serve does, and lists the engine process's publisher."""
+    folder = model_folder(tmp_path, [ANSWER])
+    options = tmp_path / "events.yaml"
+    options.write_text("kv_cache_config: {enable_block_reuse: true, event_buffer_max_size: 1024}\n")
+    port = free_port()
+    process = subprocess.Popen([PROXY, "serve", str(folder), "--port", str(port), "--workers", "2",
+                                "--extra_llm_api_options", str(options)], env=fake_env(tmp_path),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300  # three processes start on a busy machine: wait while they are alive
+        while not healthy(port):
+            assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"]
+        assert [model["id"] for model in models] == ["gpt-oss-fake"]
+        for _ in range(4):  # whichever front end answers
+            sources = httpx.get(f"http://127.0.0.1:{port}/kv_event_sources", timeout=10)
+            assert sources.status_code == 200 and sources.json()["0"]["endpoint"].startswith("tcp://*:")
+    finally:
+        output = stop(process)
+    assert "publishing KV-cache events of rank 0" in output
+
+
+def healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -175,6 +175,7 @@ class EngineWrapper:
 
     @property
     def kv_event_sources(self) -> dict[str, Any] | None:
+        """Where the inner engine publishes its KV-cache events, if it does (`/kv_event_sources`)."""
         return getattr(self.inner, "kv_event_sources", None)
 
     async def close(self) -> None:
