@@ -242,7 +242,7 @@ def test_6_a_router_in_upstream_mode_routes_on_what_each_trtllm_replica_publishe
         router = UpstreamEngine(vocab, urls, "gpt-oss", routing=routing)
         proxy = serve(engine=router, served_model_name="gpt-oss")
         if routing == "cache-aware":
-            wait_for(lambda: all(s.endpoint is not None for s in router._subscribers), "no publisher found")
+            wait_for(lambda: all(s.publishers for s in router._subscribers), "no publisher found")
             time.sleep(0.5)  # a SUB socket gets what is published once it has joined
         before = [counters(replica.base_url) for replica in replicas]
         conversations = [[] for _ in range(3)]  # odd: round robin moves each one
@@ -255,7 +255,7 @@ def test_6_a_router_in_upstream_mode_routes_on_what_each_trtllm_replica_publishe
                 assert response.status_code == 200, response.text
                 messages.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
                 if routing == "cache-aware":  # what the replica stored has been published and read back
-                    wait_for(lambda: sum(len(s.held) for s in router._subscribers) > 0, "no events read")
+                    wait_for(lambda: sum(len(s.view) for s in router._subscribers) > 0, "no events read")
         after = [counters(replica.base_url) for replica in replicas]
         prompt = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
         cached = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))

@@ -89,7 +89,8 @@ def test_the_router_follows_the_kv_cache_events_the_engine_publishes(vocab: Any,
     import zmq
     import zmq.asyncio
 
-    from proxy.engines.kv_events import EventSubscriber, HeldBlocks
+    from proxy.engines.kv_events import HeldBlocks, ReplicaBlocks
+    from proxy.engines.kv_subscriber import EventSubscriber
 
     folder = model_folder(tmp_path, [ANSWER], cache_blocks="4")  # the engine holds 4 blocks of 32 tokens
     events_on = {"kv_cache_config": {"enable_block_reuse": True, "event_buffer_max_size": 1024}}
@@ -102,14 +103,14 @@ def test_the_router_follows_the_kv_cache_events_the_engine_publishes(vocab: Any,
         assert sources is not None and list(sources) == ["0"] and sources["0"]["publisher"] == "zmq"
         held = HeldBlocks()
         router = CacheAwareRouter(2, held=[None, held])
-        subscriber = EventSubscriber("http://127.0.0.1:1", held, client=None)  # type: ignore[arg-type]
+        subscriber = EventSubscriber("http://127.0.0.1:1", ReplicaBlocks(), client=None)  # type: ignore[arg-type]
         socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
         socket.setsockopt(zmq.SUBSCRIBE, b"")
         socket.connect(sources["0"]["endpoint"].replace("*", "127.0.0.1"))
 
         async def receive() -> None:
             while True:
-                subscriber._apply(await socket.recv_multipart())
+                await subscriber.take(await socket.recv_multipart(), held)
 
         receiving = asyncio.create_task(receive())
         await asyncio.sleep(0.5)  # a SUB socket gets what is published once it has joined

@@ -237,9 +237,9 @@ def test_a_router_routes_on_the_replicas_own_events(inprocess: dict[str, Any], t
         recording = Recording(engine)
         router = serve(engine=recording, served_model_name=MODEL)
         subscribers = engine._subscribers
-        wait_for(lambda: all(subscriber.endpoint is not None for subscriber in subscribers))
+        wait_for(lambda: all(subscriber.publishers for subscriber in subscribers))
         time.sleep(1.0)  # ZMQ delivers only what is published after a subscription joins
-        held = [subscriber.held for subscriber in subscribers]
+        held = [subscriber.view for subscriber in subscribers]
         messages = [{"role": "user", "content": f"{uuid.uuid4()} " + " ".join(f"w{n}" for n in range(700))}]
         answer = chat(router, messages)
         prompt = recording.requests[-1].prompt_token_ids
