@@ -39,7 +39,7 @@ pytest_plugins = ["tests.mcp_servers", "tests.postgres", "tests.processes"]
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MODEL = "openai/gpt-oss-20b"
-# The main path, in about a minute: `pytest -m quick` (README, "Run the tests").
+# The main path: `pytest -m quick` (README, "Run the tests").
 QUICK = {"test_docs", "test_readme", "test_render", "test_parser_fixtures", "test_e2e_chat", "test_e2e_http",
          "test_responses", "test_mock_engine", "test_layout", "test_upstream_mock"}
 
