@@ -33,7 +33,6 @@ from tests.node_tools import node_env, node_path, npm_installed
 CODEX_DIR = Path(__file__).resolve().parent / "codex"
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")

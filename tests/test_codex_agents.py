@@ -23,8 +23,6 @@ from tests.engines import Recording
 from tests.test_codex import MCP_ANSWER, MCP_CALL, Codex, codex, codex_binary, items, turn_completed  # noqa: F401
 from tests.test_codex_dialect import post, stream
 
-pytestmark = pytest.mark.timeout(90)
-
 TASK = '{"task_name":"counter","message":"Count the files in the project."}'
 SPAWN = ("<|channel|>analysis<|message|>Ask a helper.<|end|><|start|>assistant<|channel|>commentary "
          f"to=collaboration.spawn_agent <|constrain|>json<|message|>{TASK}<|call|>")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from proxy.server.arguments import build_parser
 from tests.conftest import MODEL, LiveServer
@@ -144,3 +145,15 @@ def test_the_api_key_guards_every_route_but_those_help_names(serve: Callable[...
         assert httpx.get(server.base_url + path, timeout=30).status_code == 200, path
     for path in ["/v1/models", "/metrics"]:  # /metrics too, unless --metrics-public
         assert httpx.get(server.base_url + path, timeout=30).status_code == 401, path
+
+
+@pytest.mark.parametrize("arguments", [["--version"], ["serve", "--help"], ["serve", "--port", "not-a-port"]])
+def test_the_command_line_answers_without_importing_the_server(arguments: list[str]) -> None:
+    """--version, --help and usage errors import the options alone: not the application or the APIs."""
+    code = ("import sys\nfrom proxy.server.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('proxy.app', 'proxy.server.serving', 'starlette.applications', "
+            "'proxy.responses.transport.websocket', 'mcp') if m in sys.modules), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr

@@ -120,7 +120,7 @@ def test_a_call_past_its_timeout_fails_and_is_cancelled_on_the_server(trouble: R
     trouble.record.events.clear()
     output, elapsed, afterwards = run(scenario())
     assert output.failed and "timed out after 0.5 seconds" in output.text
-    assert 0.5 <= elapsed < 3
+    assert elapsed >= 0.5  # ended by its timeout (the tool hangs for ever), not before
     assert trouble.record.wait_for("hang cancelled")
     assert afterwards.text == "lorem"  # the session is still usable
 
@@ -262,7 +262,7 @@ def test_one_session_per_url_and_headers_from_any_task(weather: Running) -> None
 @pytest.mark.parametrize("legacy", [False, True], ids=["modern", "handshake-era"])
 def test_a_server_that_goes_away_fails_calls_but_never_the_response(legacy: bool) -> None:
     async def scenario(running: Running):
-        async with McpSessions(McpLimits(call_timeout=5)) as sessions:
+        async with McpSessions(McpLimits(call_timeout=600)) as sessions:
             session = await sessions.get(running.url)
             before = await session.call_tool("get_forecast", {"city": "Oslo"})
             running.kill()
@@ -273,7 +273,8 @@ def test_a_server_that_goes_away_fails_calls_but_never_the_response(legacy: bool
     with serving(weather_server(), legacy=legacy) as running:
         before, after, elapsed, still = run(scenario(running))
     assert not before.failed and after.failed and still == "still running"
-    assert elapsed < 5, after.text  # the lost connection fails the call; the timeout is not what ends it
+    # the lost connection fails the call; the timeout (600 s) is not what ends it
+    assert "timed out" not in after.text and elapsed < 600, after.text
 
 
 def test_the_tool_list_cache_spares_relisting_until_it_expires(weather: Running) -> None:

@@ -69,9 +69,8 @@ def test_two_replicas_share_one_database(replicas: Any) -> None:
     job = one.create(background=True)
     seen = _wait(lambda: _text(got := two.get(job["id"])) and got)
     assert seen["status"] == "in_progress"
-    asked = time.monotonic()
     cancelled = two.request("POST", f"/v1/responses/{job['id']}/cancel").json()
-    assert cancelled["status"] == "cancelled" and time.monotonic() - asked < 2
+    assert cancelled["status"] == "cancelled"  # not completed: the cancel crossed replicas while the job ran
     assert one.get(job["id"]) == two.get(job["id"]) == cancelled
 
     # A streamed response on one, read on the other.

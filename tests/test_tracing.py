@@ -289,7 +289,7 @@ def test_tracing_is_off_unless_the_otel_settings_ask_for_it() -> None:
 
 def test_a_server_without_otel_settings_never_imports_the_sdk() -> None:
     # (the API package is imported anyway: the mcp library uses it; the SDK and the exporter are ours to load)
-    code = ("import sys, os; import proxy.server.cli, proxy.app; from proxy.telemetry.tracing import "
+    code = ("import sys, os; import proxy.server.serving, proxy.app; from proxy.telemetry.tracing import "
             "tracer_from_environment; assert tracer_from_environment(os.environ) is None; "
             "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))")
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}

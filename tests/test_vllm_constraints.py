@@ -173,9 +173,7 @@ def test_ready_while_vllm_loads_and_after_it_dies(guidance: dict[str, Any]) -> N
     assert guidance["while_loading"] and set(guidance["while_loading"]) == {503}
     assert httpx.get(proxy.base_url + "/ready", timeout=10).status_code == 200
     server.kill()
-    deadline = time.monotonic() + 10
-    while (reply := httpx.get(proxy.base_url + "/ready", timeout=10)).status_code != 503:
-        assert time.monotonic() < deadline
+    while (reply := httpx.get(proxy.base_url + "/ready", timeout=None)).status_code != 503:  # pytest-timeout: a hang
         time.sleep(0.1)
     assert "No upstream is reachable" in reply.json()["error"]["message"]
     failed = httpx.post(proxy.base_url + "/v1/chat/completions", json={"model": MODEL, "messages": ASK}, timeout=30)

@@ -32,8 +32,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
 
-from proxy.responses.transport.websocket import IDLE_EXTENSION
-
 logger = logging.getLogger("harmony_proxy")
 
 # Descriptors kept for what is not a client connection: the store, the engine, upstream and MCP clients, logs.
@@ -192,6 +190,9 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._guard = guard
 
     def handle_connect(self, event: Request) -> None:
+        # Here, not at the top: `--help` reads ConnectionLimits' defaults without importing the Responses API.
+        from proxy.responses.transport.websocket import IDLE_EXTENSION
+
         super().handle_connect(event)
         if self.response.status_code == 101:  # accepted: the application may now say when it is idle
             self.scope["extensions"][IDLE_EXTENSION] = {"idle": self.idle}  # type: ignore[index]

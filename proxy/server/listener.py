@@ -7,8 +7,8 @@ asyncio's own loop takes up to 100 connections per wake-up). A second reader on 
 socket empties the queue whenever it is readable and hands each connection to the server's protocol, exactly as
 the server's own accept would; the loop's accept then finds the queue empty.
 
-uvicorn runs on `new_event_loop` (its `loop` setting, see `proxy/server/cli.py`) where uvloop is installed; asyncio's
-own loop needs none of this.
+uvicorn runs on `new_event_loop` (its `loop` setting, see `proxy/server/serving.py`) where uvloop is installed;
+asyncio's own loop needs none of this.
 """
 
 from __future__ import annotations
