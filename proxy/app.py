@@ -43,7 +43,7 @@ from proxy.responses.transport.routes import (
 from proxy.responses.transport.websocket import responses_socket
 from proxy.sse import KeepRawSend
 from proxy.state import ServerState
-from proxy.status import health, list_models, live, ready, retrieve_model
+from proxy.status import health, kv_event_sources, list_models, live, ready, retrieve_model
 from proxy.store.base import StoreUnavailable, Unstorable
 from proxy.telemetry.metrics import metrics_endpoint
 from proxy.telemetry.observer import RequestObserver
@@ -112,6 +112,7 @@ def create_app(
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Route("/kv_event_sources", kv_event_sources, methods=["GET"]),
             *PLAYGROUND_ROUTES,
         ],
         exception_handlers={

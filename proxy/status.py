@@ -75,3 +75,16 @@ async def ready(request: Request) -> Response:
             raise APIError(503, f"The response store is unreachable: {type(exc).__name__}.",
                            code="store_unavailable") from None
     return JSONResponse({"status": "ready", "engine": state.engine.name, "model": state.config.served_model_name})
+
+
+async def kv_event_sources(request: Request) -> Response:
+    """Where the engine publishes its KV-cache events, as vLLM's own `GET /kv_event_sources` answers (the in-process
+    vLLM engine started with --kv-events-config): routers in front of this replica subscribe there. 503 while the
+    engine starts; 404 for an engine that publishes none."""
+    engine = request.app.state.harmony.engine
+    if not engine.ready:
+        raise APIError(503, f"The {engine.name} engine is starting.", code="engine_starting")
+    sources = getattr(engine, "kv_event_sources", None)
+    if sources is None:
+        raise APIError(404, f"The {engine.name} engine publishes no KV-cache events.", code="not_found")
+    return JSONResponse(sources)

@@ -482,8 +482,11 @@ def test_a_front_end_advertises_what_the_hosts_engine_takes(
 def test_the_greeting_carries_the_context_window() -> None:
     window = ContextWindow(total=131072, prompt=8192)
     frame = wire.hello_frame("trtllm", window)
-    assert wire.read_hello(frame[wire.HEADER.size:]) == ("trtllm", window)
-    assert wire.read_hello(wire.hello_frame("mock")[wire.HEADER.size:]) == ("mock", None)
-    for bad in (b'{"engine": "x", "context_window": [0, 1]}', b'{"engine": 1, "context_window": null}', b"[]"):
+    assert wire.read_hello(frame[wire.HEADER.size:]) == ("trtllm", window, None)
+    assert wire.read_hello(wire.hello_frame("mock")[wire.HEADER.size:]) == ("mock", None, None)
+    sources = {"0": {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557"}}
+    assert wire.read_hello(wire.hello_frame("vllm", window, sources)[wire.HEADER.size:]).kv_event_sources == sources
+    for bad in (b'{"engine": "x", "context_window": [0, 1]}', b'{"engine": 1, "context_window": null}', b"[]",
+                b'{"engine": "x", "context_window": null, "kv_event_sources": []}'):
         with pytest.raises(wire.ProtocolError):
             wire.read_hello(bytes([wire.VERSION]) + bad)

@@ -139,6 +139,8 @@ class Engine(Protocol):
 
     # Optional: `context_window: ContextWindow | None`, what the engine takes once started (read after start();
     # the server then advertises and enforces it). Engines without one are held to --max-model-len.
+    # Optional: `kv_event_sources: dict | None`, where the engine publishes its KV-cache events, per data-parallel
+    # rank, as vLLM's `GET /kv_event_sources` answers (the server then answers that route with it).
 
     async def close(self) -> None:
         """Release everything; called once at shutdown."""
@@ -170,6 +172,10 @@ class EngineWrapper:
     @property
     def context_window(self) -> ContextWindow | None:
         return getattr(self.inner, "context_window", None)
+
+    @property
+    def kv_event_sources(self) -> dict[str, Any] | None:
+        return getattr(self.inner, "kv_event_sources", None)
 
     async def close(self) -> None:
         await self.inner.close()

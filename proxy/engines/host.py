@@ -107,7 +107,8 @@ class _Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
         self._writer = wire.FrameWriter(self._transport)
         self._registry.add(self)
-        self._writer.send(wire.hello_frame(self._engine.name, getattr(self._engine, "context_window", None)))
+        self._writer.send(wire.hello_frame(self._engine.name, getattr(self._engine, "context_window", None),
+                                           getattr(self._engine, "kv_event_sources", None)))
 
     def data_received(self, data: bytes) -> None:
         try:

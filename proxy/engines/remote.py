@@ -17,7 +17,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import AsyncGenerator
-from typing import cast
+from typing import Any, cast
 
 from proxy.engines import wire
 from proxy.engines.base import ContextWindow, EngineError, GenerationRequest, Step
@@ -44,6 +44,7 @@ class RemoteEngine:
         self._connector: asyncio.Task[None] | None = None
         # What the host's built engine takes, from its greeting: None until then (and for engines that say nothing).
         self.context_window: ContextWindow | None = None
+        self.kv_event_sources: dict[str, Any] | None = None  # where the host's engine publishes its KV-cache events
         self._closing = False
 
     @property
@@ -106,7 +107,7 @@ class RemoteEngine:
             link = None
             try:
                 _, link = await loop.create_unix_connection(lambda: _Link(self.name), self._path)
-                host_engine, self.context_window = await link.greeted
+                host_engine, self.context_window, self.kv_event_sources = await link.greeted
             except (OSError, EngineError, wire.ProtocolError) as exc:
                 if not waiting_logged and isinstance(exc, wire.ProtocolError):
                     logger.error("the engine host at %s: %s", self._path, exc)
@@ -165,7 +166,7 @@ class _Link(asyncio.Protocol):
 
     def __init__(self, engine_name: str) -> None:
         loop = asyncio.get_running_loop()
-        self.greeted: asyncio.Future[tuple[str, ContextWindow | None]] = loop.create_future()  # the host's greeting
+        self.greeted: asyncio.Future[wire.Greeting] = loop.create_future()  # the host's greeting
         self.lost: asyncio.Future[None] = loop.create_future()
         self.alive = False  # greeted and not lost
         self._engine_name = engine_name

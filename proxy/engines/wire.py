@@ -20,7 +20,7 @@ import struct
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import fields, is_dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from proxy.engines.base import (
     ContextWindow,
@@ -35,7 +35,7 @@ from proxy.engines.base import (
 from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 from tools.freeform import Freeform
 
-VERSION = 3  # 1: requests were pickled; 2: the greeting had no context window
+VERSION = 4  # 1: requests were pickled; 2: the greeting had no context window; 3: nor KV-event sources
 HEADER = struct.Struct("=IIB")  # payload length, handle, kind
 _LAST = struct.Struct("=BBIIi")  # finish reason, has usage, prompt tokens, completion tokens, cached (-1: unknown)
 _TOKEN = struct.Struct("=I")
@@ -89,9 +89,19 @@ def error_frame(handle: int, error: EngineError) -> bytes:
     return frame(ERROR, handle, json.dumps(body).encode())
 
 
-def hello_frame(engine_name: str, window: ContextWindow | None = None) -> bytes:
-    """The greeting: the engine's name, and what the built engine takes (front ends advertise it)."""
-    body = {"engine": engine_name, "context_window": [window.total, window.prompt] if window is not None else None}
+class Greeting(NamedTuple):
+    """What the host says first: its engine's name, what the built engine takes (front ends advertise it), and
+    where the engine publishes its KV-cache events (front ends answer `/kv_event_sources` with it)."""
+
+    engine: str
+    context_window: ContextWindow | None = None
+    kv_event_sources: dict[str, Any] | None = None
+
+
+def hello_frame(engine_name: str, window: ContextWindow | None = None,
+                kv_event_sources: dict[str, Any] | None = None) -> bytes:
+    body = {"engine": engine_name, "context_window": [window.total, window.prompt] if window is not None else None,
+            "kv_event_sources": kv_event_sources}
     return frame(HELLO, 0, bytes([VERSION]) + json.dumps(body).encode())
 
 
@@ -179,7 +189,7 @@ def _string(value: Any) -> str:
     return value
 
 
-def read_hello(payload: bytes) -> tuple[str, ContextWindow | None]:
+def read_hello(payload: bytes) -> Greeting:
     if not payload or payload[0] != VERSION:
         raise ProtocolError(f"the engine host speaks another protocol version ({payload[:1]!r})")
     try:
@@ -188,7 +198,10 @@ def read_hello(payload: bytes) -> tuple[str, ContextWindow | None]:
         if window is not None:
             total, prompt = window
             window = ContextWindow(_integer(total), _integer(prompt))
-        return _string(body["engine"]), window
+        sources = body.get("kv_event_sources")
+        if sources is not None and not isinstance(sources, dict):
+            raise TypeError("kv_event_sources is not an object")
+        return Greeting(_string(body["engine"]), window, sources)
     except (ValueError, TypeError, KeyError) as exc:
         raise ProtocolError(f"a greeting that does not read: {exc}") from None
 

@@ -1,11 +1,13 @@
-"""The command line of `harmony-proxy serve`: harmony-proxy's own options, and a trtllm-serve command line.
+"""The command line of `harmony-proxy serve`: harmony-proxy's own options, and a trtllm-serve (or vllm serve) command.
 
 `harmony-proxy serve MODEL [any trtllm-serve options] [harmony-proxy options]`: the options below are
 harmony-proxy's; every other argument is trtllm-serve's, handed as it is to the installed trtllm-serve's own
 `serve` command (`proxy/engines/trtllm_serve.py`), whose parsing, defaults, YAML and errors then apply. No list
 of trtllm-serve's flags is kept here. The two share `--host`, `--port` and `--log_level` (harmony-proxy's, also
 given to trtllm-serve's logger) and `--num_serve_frontends` (harmony-proxy's `--workers`: front-end processes
-sharing one engine).
+sharing one engine). With `--engine vllm` the other arguments are a `vllm serve` command line, handed the same way
+to the installed vLLM's own parser (`proxy/engines/vllm_serve.py`); `--served-model-name` and `--max-model-len` are
+then both harmony-proxy's and vLLM's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from proxy.responses.sealing import KEY_ENV
 from proxy.server.connections import ConnectionLimits
 from proxy.telemetry.access_log import LOG_FORMATS
 
-ENGINES = ("mock", "scripted", "trtllm", "upstream")
+ENGINES = ("mock", "scripted", "trtllm", "upstream", "vllm")
 DEFAULT_MODEL = "openai/gpt-oss-20b"
 DEFAULT_CONTEXT = 131072
 DEFAULT_CONCURRENCY = 1024  # streams one process serves with fair first-token times (benchmarks/load_bench.py)
@@ -76,17 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=HelpFormatter)
     serve.set_defaults(trtllm_serve=[])  # parse_command_line: every argument that is not harmony-proxy's
     serve.add_argument("--engine", choices=ENGINES,
-                       help="default: trtllm when TensorRT-LLM is installed, else mock (upstream with --upstream-url)")
+                       help="default: trtllm when TensorRT-LLM is installed, else mock (upstream with --upstream-url); "
+                            "vllm: vLLM in this process, the other arguments a `vllm serve` command line")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on")
     serve.add_argument("--served-model-name",
-                       help=f"the model name clients send (default: trtllm-serve's, or {DEFAULT_MODEL})")
+                       help=f"the model name clients send (default: the engine command's model, else {DEFAULT_MODEL})")
     serve.add_argument("--reasoning-field", choices=REASONING_FIELDS, default=ServerConfig.reasoning_field,
                        help="Chat Completions: the field reasoning is sent in (both: the same text in each)")
     serve.add_argument("--default-reasoning-effort", choices=EFFORTS, default=ServerConfig.default_reasoning_effort,
                        help="reasoning effort when a request gives none")
     serve.add_argument("--max-model-len", type=int,
-                       help=f"context window, prompt plus output (default: the engine's, else {DEFAULT_CONTEXT})")
+                       help=f"context window, prompt plus output (default: the engine's, else {DEFAULT_CONTEXT}; with "
+                            "--engine vllm also given to vLLM)")
     serve.add_argument("--api-key", default=os.environ.get("HARMONY_PROXY_API_KEY"),
                        help="require `Authorization: Bearer KEY` on every route but /health, /ready and the playground "
                             "page (/metrics too, unless --metrics-public; or set HARMONY_PROXY_API_KEY)")
@@ -229,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_command_line(argv: list[str] | None) -> argparse.Namespace:
-    """harmony-proxy's options; the remaining arguments, in their order, as `trtllm_serve` (trtllm-serve's)."""
+    """harmony-proxy's options; the remaining arguments, in their order, as `trtllm_serve` (trtllm-serve's, or with
+    --engine vllm vllm serve's)."""
     args, rest = build_parser().parse_known_args(argv)
     args.trtllm_serve = rest
     if rest and args.command != "serve":

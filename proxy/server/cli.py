@@ -27,6 +27,7 @@ from parsers.vocab import VocabError
 from proxy.app import create_app
 from proxy.engines.scripted import ScriptError
 from proxy.engines.trtllm_serve import TrtllmServeError, parse_trtllm_serve
+from proxy.engines.vllm_serve import VllmServeError
 from proxy.server import readiness
 from proxy.server.arguments import StartupError, parse_command_line
 from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
@@ -38,6 +39,7 @@ from proxy.server.startup import (
     choose_store_path,
     engine_choice,
     trtllm_command,
+    vllm_command,
 )
 from proxy.server.workers import ARGV_ENV, ENGINE_SOCKET_ENV, serve_workers
 from proxy.state import ServerState
@@ -64,12 +66,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.workers > 1:
             if engine_name == "trtllm":
                 arguments += trtllm_worker_options(args)
-            serve_workers(args, arguments, engine_name, uvicorn_options(args), run_trtllm_host)
+            if engine_name == "vllm":
+                arguments += vllm_worker_options(args)
+            serve_workers(args, arguments, engine_name, uvicorn_options(args),
+                          run_vllm_host if engine_name == "vllm" else run_trtllm_host)
             return
         listening = bind(args)  # before the engine starts: a port in use stops the server before anything loads
         state = build_state(args, engine_name)
         run_server(args, state, listening)
-    except (StartupError, VocabError, ScriptError, TrtllmServeError) as exc:
+    except (StartupError, VocabError, ScriptError, TrtllmServeError, VllmServeError) as exc:
         print(f"harmony-proxy: error: {exc}", file=sys.stderr)
         raise SystemExit(getattr(exc, "exit_code", 2)) from None
     finally:
@@ -86,6 +91,17 @@ def trtllm_worker_options(args: argparse.Namespace) -> list[str]:
         batch = call.llm_args.get("max_batch_size") or TRTLLM_MAX_BATCH_SIZE
         options += ["--max-concurrent-requests", str(-(-batch // args.workers))]
     return options
+
+
+def vllm_worker_options(args: argparse.Namespace) -> list[str]:
+    """The served name the HTTP workers answer to, from vLLM's own parsing of the command, once, before any process
+    starts (its errors stop everything)."""
+    from proxy.engines.vllm_serve import parse_vllm_serve
+
+    if args.served_model_name:
+        return []
+    parsed = parse_vllm_serve(vllm_command(args))
+    return ["--served-model-name", parsed.served_model_name[0] if parsed.served_model_name else parsed.model]
 
 
 def bind(args: argparse.Namespace) -> socket.socket:
@@ -115,10 +131,10 @@ def worker_app() -> Starlette:
     configure_logging(args.log_level, args.log_format)
     engine_name = engine_choice(args)
     engine = None
-    if engine_name == "trtllm":
+    if engine_name in ("trtllm", "vllm"):
         from proxy.engines.remote import RemoteEngine
 
-        engine = RemoteEngine(os.environ[ENGINE_SOCKET_ENV], name="trtllm")
+        engine = RemoteEngine(os.environ[ENGINE_SOCKET_ENV], name=engine_name)
     app = create_app(build_state(args, engine_name, engine))
     freeze_startup_objects()
     return app
@@ -133,6 +149,16 @@ def run_trtllm_host(argv: list[str], socket_path: str) -> None:
     configure_logging(args.log_level, args.log_format)
     build = functools.partial(loaded_trtllm_engine, trtllm_command(args), args.guided_decoding_backend)
     run_engine_host(build, socket_path, args.log_level)
+
+
+def run_vllm_host(argv: list[str], socket_path: str) -> None:
+    """The `--workers` engine host process's main function: vLLM's engine client is built before its loop runs."""
+    from proxy.engines.host import run_engine_host
+    from proxy.engines.vllm import loaded_vllm_engine
+
+    args = parse_command_line(argv)
+    configure_logging(args.log_level, args.log_format)
+    run_engine_host(functools.partial(loaded_vllm_engine, vllm_command(args)), socket_path, args.log_level)
 
 
 def freeze_startup_objects() -> None:

@@ -82,6 +82,10 @@ def build_state(args: argparse.Namespace, engine_name: str, engine: Engine | Non
         engine = _build_engine(engine_name, args, vocab)
     config = server_config(args, engine_name, getattr(engine, "served_model_name", None))
     metrics = Metrics(config.served_model_name, engine.name, config.max_model_len)
+    if engine_name == "vllm" and args.workers == 1:
+        import prometheus_client  # vLLM's engine statistics (vllm:num_requests_running...) live in its default registry
+
+        metrics.engine_registry = prometheus_client.REGISTRY
     try:
         tracer = tracer_from_environment()
     except (ValueError, ImportError) as exc:
@@ -177,7 +181,7 @@ def engine_choice(args: argparse.Namespace) -> str:
         logger.info("no --engine given and TensorRT-LLM is not installed: serving the built-in MOCK engine "
                     "(no model weights; answers are placeholders)")
         return "mock"
-    logger.info("serving with the %s engine%s", name, f" ({model})" if model and name == "trtllm" else "")
+    logger.info("serving with the %s engine%s", name, f" ({model})" if model and name in ("trtllm", "vllm") else "")
     return name
 
 
@@ -245,10 +249,13 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
         raise StartupError("--script is only used with --engine scripted")
     if args.upstream_url and name != "upstream":
         raise StartupError("--upstream-url is only used with --engine upstream")
-    if name != "trtllm" and (args.trtllm_serve or args.guided_decoding_backend):
+    if name == "vllm" and args.guided_decoding_backend:
+        raise StartupError("--guided-decoding-backend is the trtllm engine's: vLLM's grammar backend is its own "
+                           "--structured-outputs-config.backend")
+    if name not in ("trtllm", "vllm") and (args.trtllm_serve or args.guided_decoding_backend):
         unknown = " ".join(args.trtllm_serve) or "--guided-decoding-backend"
         raise StartupError(f"unrecognized arguments: {unknown} (not harmony-proxy's; a trtllm-serve command line "
-                           "is only taken with --engine trtllm)")
+                           "is only taken with --engine trtllm, a vllm serve one with --engine vllm)")
     delay = args.token_delay_ms / 1000
     if name == "scripted":
         if args.script is None:
@@ -266,6 +273,12 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
                               args.upstream_read_timeout, args.upstream_guided_decoding, args.upstream_routing,
                               kv_events=args.upstream_kv_events == "auto")
+    if name == "vllm":
+        from proxy.engines.vllm import VllmEngine
+
+        vllm = VllmEngine(vllm_command(args), vocab)
+        vllm.prepare()  # vLLM's own parsing, now: its errors stop the server before anything is served
+        return vllm
     from proxy.engines.trtllm import TrtllmEngine
 
     engine = TrtllmEngine(trtllm_command(args), vocab, args.guided_decoding_backend)
@@ -279,3 +292,15 @@ def trtllm_command(args: argparse.Namespace) -> list[str]:
         raise StartupError("--engine trtllm needs TensorRT-LLM: pip install 'harmony-proxy[trtllm]' on a CUDA "
                            "machine, or run inside NVIDIA's TensorRT-LLM container")
     return [*args.trtllm_serve, "--log_level", args.log_level]
+
+
+def vllm_command(args: argparse.Namespace) -> list[str]:
+    """The `vllm serve` command line harmony-proxy was given, with the options both read (the served name, which
+    labels vLLM's metrics, and the context window, which sizes its engine)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise StartupError("--engine vllm needs vLLM in this Python environment: pip install 'harmony-proxy[vllm]' "
+                           "(docs/vllm.md)")
+    shared = ["--served-model-name", args.served_model_name] if args.served_model_name else []
+    if args.max_model_len:
+        shared += ["--max-model-len", str(args.max_model_len)]
+    return [*args.trtllm_serve, *shared]

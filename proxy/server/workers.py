@@ -52,14 +52,14 @@ def serve_workers(args: argparse.Namespace, argv: list[str], engine_name: str, o
                             timeout_worker_healthcheck=HEALTHCHECK_TIMEOUT, **options)
     listening = bind(args.host, args.port)  # before the engine host starts: a port in use stops everything at once
     host, socket_path = None, Path()
-    if engine_name == "trtllm":
+    if engine_name in ("trtllm", "vllm"):
         socket_path = Path(tempfile.mkdtemp(prefix="harmony-proxy-")) / "engine.sock"
         os.environ[ENGINE_SOCKET_ENV] = str(socket_path)
         host = multiprocessing.get_context("spawn").Process(
             target=host_main, args=(argv, str(socket_path)), name="harmony-proxy-engine"
         )
         host.start()
-        logger.info("trtllm engine host started (pid %d); workers connect to %s", host.pid, socket_path)
+        logger.info("%s engine host started (pid %d); workers connect to %s", engine_name, host.pid, socket_path)
     try:
         Supervisor(config, sockets=[listening]).run()
     finally:

@@ -57,6 +57,7 @@ class Metrics:
             MultiProcessCollector(self.exposed, self._multiprocess_dir)
         else:
             self.exposed = self._registry
+        self.engine_registry: CollectorRegistry | None = None  # an in-process engine's own metrics (vLLM's), shown too
         model = {"model_name": model_name}
 
         def counter(name: str, text: str, *labels: str) -> Any:
@@ -182,7 +183,9 @@ class Metrics:
     def exposition(self) -> bytes:
         if self._multiprocess_dir is not None:
             _forget_dead_processes(self._multiprocess_dir)
-        return generate_latest(self.exposed)
+        if self.engine_registry is None:
+            return generate_latest(self.exposed)
+        return generate_latest(_Merged(self.exposed, self.engine_registry))  # type: ignore[arg-type]
 
     def close(self) -> None:
         """This process stops: its live gauges leave the sums of the other workers."""
@@ -210,6 +213,23 @@ def _forget_dead_processes(directory: str) -> None:
             mark_process_dead(pid, directory)
         except PermissionError:
             pass  # alive, another user's
+
+
+class _Merged:
+    """Several registries as one exposition: a family both define (harmony-proxy's front-end `vllm:` metrics and vLLM's
+    own, which carry an `engine` label) is written once, with the samples of each."""
+
+    def __init__(self, *registries: CollectorRegistry) -> None:
+        self._registries = registries
+
+    def collect(self) -> Any:
+        families: dict[str, Any] = {}
+        for registry in self._registries:
+            for family in registry.collect():
+                known = families.setdefault(family.name, family)
+                if known is not family and known.type == family.type:
+                    known.samples.extend(family.samples)
+        return families.values()
 
 
 async def metrics_endpoint(request: Request) -> Response:
