@@ -339,7 +339,7 @@ def summarize(streams: int, tokens: int, rounds: list[dict[str, dict[str, float]
     names = list(rounds[0])
     print(f"\n{streams} concurrent stream(s), {tokens} completion tokens each: median of {len(rounds)} interleaved "
           f"rounds (x: median ratio to {baseline} in the same round)")
-    width = 24
+    width = 26
     print(f"{'':38}" + "".join(f"{name:>{width}}" for name in names))
     for key in rounds[0][names[0]]:
         cells = []

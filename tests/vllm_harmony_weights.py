@@ -6,9 +6,10 @@ After the prompt's `<|start|>assistant` the model writes
 
     <|channel|>analysis<|message|>(Cyrillic words)<|end|><|start|>assistant<|channel|>final<|message|>(English words)
 
-and never stops on its own (max_tokens ends it): a few analysis words (about `ANALYSIS_WORDS`, a geometric length),
-then final words for the rest. Every front end streams that answer as it comes, which is what a latency benchmark
-needs; vLLM's dummy weights (noise, no header) make vLLM's own front end hold all text to the end.
+and never stops on its own (max_tokens ends it): the same `NOTE_WORDS` analysis words every time (so the answer
+starts at the same token in every stream), then final words drawn at random for the rest. Every front end streams
+that answer as it comes, which is what a latency benchmark needs; vLLM's dummy weights (noise, no header) make
+vLLM's own front end hold all text to the end.
 
 How: a bigram model (the layers' outputs are zero, as in tests/vllm_weights.py) plus one bit of context. Each token of
 the machine above has an embedding class (a dimension set to 1 besides a constant dimension); `lm_head` maps each
@@ -26,11 +27,12 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ANALYSIS_WORDS = 8  # the analysis note's mean length in words
-WORDS = 256  # words in each of the two sets
+NOTE_WORDS = 8  # the analysis note: this many Cyrillic words, each its own class (a chain)
+WORDS = 256  # the final answer's words
 # RMSNorm leaves each of two unit dimensions at sqrt(128 / 2) = 8, each of three at sqrt(128 / 3).
 PLAIN, WITH_FEATURE = math.sqrt(128 / 2), math.sqrt(128 / 3)
 
@@ -45,30 +47,29 @@ def harmony_spec() -> dict[str, Any]:
     special = vocab.special
     cyrillic = re.compile(rb" (?:[\xd0\xd1][\x80-\xbf]){4,}")
     english = re.compile(rb" [a-z]{4,9}")
-    analysis_words = [t for t, piece in enumerate(vocab.token_bytes) if cyrillic.fullmatch(piece)][:WORDS]
+    note = [t for t, piece in enumerate(vocab.token_bytes) if cyrillic.fullmatch(piece)][:NOTE_WORDS]
     final_words = [t for t, piece in enumerate(vocab.token_bytes) if english.fullmatch(piece)][:WORDS]
     [assistant], [analysis], [final] = vocab.encode("assistant"), vocab.encode("analysis"), vocab.encode("final")
     classes = {"assistant": [assistant], "channel": [special.channel], "analysis": [analysis], "final": [final],
-               "message": [special.message], "analysis words": analysis_words, "end": [special.end],
-               "start": [special.start], "final words": final_words}
-    # The note's words continue at logit 6 * WITH_FEATURE each; <|end|> at this one ends it with p = 1 / length.
-    end = 6 + math.log(WORDS / (ANALYSIS_WORDS - 1)) / WITH_FEATURE
+               "message": [special.message], "end": [special.end], "start": [special.start],
+               "final words": final_words, **{f"note {i}": [token] for i, token in enumerate(note)}}
     rows = [
         ([special.channel], {"assistant": 6}, 0),
         ([analysis], {"channel": 6}, -4),  # first header: 48 against final's 24; second: 13 against 39
         ([final], {"channel": 3}, 3),
         ([special.message], {"analysis": 6, "final": 6}, 0),
-        (analysis_words, {"message": 6, "analysis words": 10}, -4),
-        ([special.end], {"analysis words": end}, 0),
+        ([note[0]], {"message": 6}, -4),  # the note's first word: 48 on the first <|message|>, 13 on the second
+        *(([token], {f"note {i}": 10}, -4) for i, token in enumerate(note[1:])),  # each word the next: 39
+        ([special.end], {f"note {len(note) - 1}": 6}, 0),
         (final_words, {"message": 3, "final words": 3}, 3),
         ([special.start], {"end": 6}, 0),
         ([assistant], {"start": 6}, 0),
     ]
-    return {"classes": classes, "feature_class": "analysis words",
+    return {"classes": classes, "feature_classes": [f"note {i}" for i in range(len(note))],
             "rows": [{"tokens": tokens, "weights": weights, "feature": feature} for tokens, weights, feature in rows]}
 
 
-def harmony_weights(python: Path | None = None):  # -> tests.vllm_server.WeightWriter
+def harmony_weights(python: Path | None = None) -> Callable[[Path, dict[str, Any]], None]:
     """A `weights` callback for tests.vllm_server.write_tiny_gpt_oss: this file run in vLLM's environment."""
     from tests.vllm_server import vllm_python
 
@@ -112,8 +113,9 @@ def write(directory: Path, spec: dict[str, Any]) -> Path:
     layer = f"model.layers.{config.num_hidden_layers - 1}.self_attn."
     pair = config.head_dim // 2 - 1
     state[layer + "q_proj.bias"][pair] = 24.0  # score 24 * 8 / sqrt(64) (times YaRN's scale) on them, 0 elsewhere
-    state[layer + "k_proj.weight"][pair, dims[spec["feature_class"]]] = 1.0  # key 8 on them
-    state[layer + "v_proj.weight"][0, dims[spec["feature_class"]]] = 1 / PLAIN  # value 1
+    for name in spec["feature_classes"]:
+        state[layer + "k_proj.weight"][pair, dims[name]] = 1.0  # key 8 on them
+        state[layer + "v_proj.weight"][0, dims[name]] = 1 / PLAIN  # value 1
     state[layer + "o_proj.weight"][feature, 0] = 1.0
     path = directory / "model.safetensors"
     save_file({name: tensor.to(torch.bfloat16).contiguous() for name, tensor in state.items()}, str(path),
