@@ -356,31 +356,47 @@ def summarize(streams: int, tokens: int, rounds: list[dict[str, dict[str, float]
                 text += f" ({statistics.median(ratios):.2f}x)"
             cells.append(f"{text:>{width}}")
         print(f"{key:38}" + "".join(cells))
+    for key in ("first content token p50, ms", "front-end CPU per token, us"):  # how far the rounds spread
+        spreads = []
+        for name in names:
+            ratios = [r[name][key] / r[baseline][key] for r in rounds if r[baseline][key]]
+            spreads.append(f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios else "-")
+        print(f"{key.split(',')[0] + ': rounds':38}" + "".join(f"{cell:>{width}}" for cell in spreads))
     if RAW in names:  # time to first content against the floor: the raw engine's, in the same round
         key = "first content token p50, ms"
         print(f"{'first content token p50 / raw engine':38}" + "".join(
             f"{statistics.median(r[name][key] / r[RAW][key] for r in rounds):>{width}.2f}" for name in names))
 
 
-def latency(fronts: list[FrontEnd], stream_counts: list[int], tokens: int, repeats: int) -> None:
+def latency(fronts: list[FrontEnd], stream_counts: list[int], tokens: int, repeats: int,
+            record: Path | None) -> None:
     baseline = fronts[1].name if fronts[0].name == RAW else fronts[0].name
+    every: dict[int, list[dict[str, dict[str, float]]]] = {}
     for streams in stream_counts:
-        for front in fronts:  # warm each: a short stream alone
-            asyncio.run(run_streams(front, 1, 8))
-        rounds = []
-        for repeat in range(repeats):
-            order = fronts[repeat % len(fronts):] + fronts[: repeat % len(fronts)]
-            measured = {}
-            for front in order:
-                measured[front.name] = asyncio.run(run_streams(front, streams, tokens))
-                time.sleep(0.5)
-                row = measured[front.name]
-                print(f"  {streams:4} streams, round {repeat + 1}, {front.name:26} TTFT p50 "
-                      f"{row['first content token p50, ms']:8.1f} ms, CPU {row['front-end CPU per token, us']:7.1f} "
-                      f"us/token (engine core {row['engine-core CPU per token, us']:6.1f}), "
-                      f"{row['completion tokens per second']:7.1f} tok/s", flush=True)
-            rounds.append({front.name: measured[front.name] for front in fronts})
-        summarize(streams, tokens, rounds, baseline)
+        every[streams] = measure(fronts, streams, tokens, repeats)
+        summarize(streams, tokens, every[streams], baseline)
+        if record is not None:
+            record.write_text(json.dumps(every, indent=1))
+
+
+def measure(fronts: list[FrontEnd], streams: int, tokens: int, repeats: int) -> list[dict[str, dict[str, float]]]:
+    """`repeats` rounds, each every front end once (the order rotated a place each round)."""
+    for front in fronts:  # warm each: a short stream alone
+        asyncio.run(run_streams(front, 1, 8))
+    rounds = []
+    for repeat in range(repeats):
+        order = fronts[repeat % len(fronts):] + fronts[: repeat % len(fronts)]
+        measured = {}
+        for front in order:
+            measured[front.name] = asyncio.run(run_streams(front, streams, tokens))
+            time.sleep(0.5)
+            row = measured[front.name]
+            print(f"  {streams:4} streams, round {repeat + 1}, {front.name:26} TTFT p50 "
+                  f"{row['first content token p50, ms']:8.1f} ms, CPU {row['front-end CPU per token, us']:7.1f} "
+                  f"us/token (engine core {row['engine-core CPU per token, us']:6.1f}), "
+                  f"{row['completion tokens per second']:7.1f} tok/s", flush=True)
+        rounds.append({front.name: measured[front.name] for front in fronts})
+    return rounds
 
 
 # ---------------------------------------------------------------------------------------------------- robustness
@@ -483,6 +499,7 @@ def main() -> None:
     parser.add_argument("--chaos-prompts", type=int, default=40, help="robustness prompts (0: no robustness table)")
     parser.add_argument("--chaos-tokens", type=int, default=96)
     parser.add_argument("--no-inprocess", action="store_true", help="leave out harmony-proxy --engine vllm")
+    parser.add_argument("--json", type=Path, help="also write every round's figures to this file")
     parser.add_argument("--inprocess-python", type=Path, default=None,
                         help="the Python that runs harmony-proxy --engine vllm: one with vLLM and harmony-proxy's "
                              "dependencies (default: $HARMONY_PROXY_INPROCESS_PYTHON, else vLLM's: "
@@ -507,7 +524,7 @@ def main() -> None:
                        [server.process.pid], raw_content)  # type: ignore[union-attr]
         fronts = [raw] + [FrontEnd(name, url, "/v1/chat/completions", chat_body(server.model), roots, chat_content)
                           for name, (url, roots) in columns.items()]
-        latency(fronts, [int(n) for n in args.streams.split(",")], args.tokens, args.repeats)
+        latency(fronts, [int(n) for n in args.streams.split(",")], args.tokens, args.repeats, args.json)
     finally:
         for proxy in proxies:
             proxy.stop()
