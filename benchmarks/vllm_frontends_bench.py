@@ -65,7 +65,7 @@ from openai_harmony import Conversation, Message, Role, SystemContent
 
 from parsers.vocab import load_vocab
 from tests.vllm_harmony_weights import harmony_weights
-from tests.vllm_server import VllmServer, biased_weights, free_port, vllm_env, vllm_python, write_tiny_gpt_oss
+from tests.vllm_server import VllmServer, biased_weights, free_port, write_tiny_gpt_oss
 
 # The engine configuration: VllmServer's own flags (--max-model-len 4096 --enforce-eager --dtype bfloat16) and these.
 ENGINE_FLAGS = ["--max-num-seqs", "256"]
@@ -284,19 +284,18 @@ async def run_streams(front: FrontEnd, streams: int, tokens: int) -> dict[str, f
 
 
 class HarmonyProxy:
-    """harmony-proxy as a process of its own (its own process group, so its children stop with it)."""
+    """harmony-proxy upstream as a process of its own."""
 
-    def __init__(self, arguments: list[str], log: Path, python: Path | str = sys.executable,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, arguments: list[str], log: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.process = subprocess.Popen(
-            [str(python), "-m", "proxy", "serve", *arguments, "--port", str(self.port), "--no-store",
+            [sys.executable, "-m", "proxy", "serve", *arguments, "--port", str(self.port), "--no-store",
              "--log-level", "warning", "--max-concurrent-requests", "0"],
-            cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
-    def wait_ready(self, timeout: float = 900.0) -> HarmonyProxy:
+    def wait_ready(self, timeout: float = 120.0) -> HarmonyProxy:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -464,31 +463,45 @@ async def robustness(url: str, model: str, prompts: int, tokens: int) -> dict[st
 # ---------------------------------------------------------------------------------------------------- main
 
 
-def start_front_ends(model_dir: Path, folder: Path, label: str, inprocess: bool,
-                     inprocess_python: Path) -> tuple[VllmServer, list[HarmonyProxy], dict[str, tuple[str, list[int]]]]:
-    """vLLM serve, harmony-proxy upstream in front of it, and harmony-proxy in-process: {column: (url, roots)}."""
-    server = VllmServer(model_dir, [*ENGINE_FLAGS, *CHAT_FLAGS], log_path=folder / f"vllm-{label}.log").start()
-    proxies = []
-    columns: dict[str, tuple[str, list[int]]] = {}
-    inproc = None
-    if inprocess:  # started alongside, so both load at once: `vllm serve`'s engine flags as VllmServer gives them
-        engine = server.args[server.args.index("--max-model-len") : server.args.index(CHAT_FLAGS[0])]
-        inproc = HarmonyProxy(["--engine", "vllm", str(model_dir), *engine, "--served-model-name", server.model],
-                              folder / f"inprocess-{label}.log", inprocess_python, vllm_env())
-        proxies.append(inproc)
-    server.wait_ready()
-    assert server.process is not None
-    upstream = HarmonyProxy(["--engine", "upstream", "--upstream-url", server.base_url, "--served-model-name",
-                             server.model], folder / f"upstream-{label}.log").wait_ready()
-    proxies.append(upstream)
-    columns["vLLM's own front end"] = (server.url, [server.process.pid])
-    columns["harmony-proxy upstream"] = (upstream.url, [upstream.process.pid, server.process.pid])
-    if inproc is not None:
-        try:
-            columns["harmony-proxy in-process"] = (inproc.wait_ready().url, [inproc.process.pid])
-        except RuntimeError as exc:
-            print(f"harmony-proxy in-process: not measured: {exc}", flush=True)
-    return server, proxies, columns
+class FrontEnds:
+    """vLLM serve, harmony-proxy upstream in front of it, and harmony-proxy in-process on the same model and engine
+    flags (tests/vllm_server.py's `VllmServer.in_process`, run by vLLM's Python): `columns` {name: (url, roots)}."""
+
+    def __init__(self, model_dir: Path, folder: Path, label: str, inprocess: bool) -> None:
+        self.server = VllmServer(model_dir, [*ENGINE_FLAGS, *CHAT_FLAGS], log_path=folder / f"vllm-{label}.log")
+        self.inproc = (VllmServer.in_process(model_dir, ENGINE_FLAGS, log_path=folder / f"inprocess-{label}.log")
+                       if inprocess else None)
+        self.upstream: HarmonyProxy | None = None
+        self.columns: dict[str, tuple[str, list[int]]] = {}
+        self.folder, self.label = folder, label
+
+    def start(self) -> FrontEnds:
+        self.server.start()
+        if self.inproc is not None:
+            self.inproc.start()  # alongside, so both load at once
+        self.server.wait_ready()
+        assert self.server.process is not None
+        self.upstream = HarmonyProxy(["--engine", "upstream", "--upstream-url", self.server.base_url,
+                                      "--served-model-name", self.server.model],
+                                     self.folder / f"upstream-{self.label}.log").wait_ready()
+        self.columns["vLLM's own front end"] = (self.server.url, [self.server.process.pid])
+        self.columns["harmony-proxy upstream"] = (self.upstream.url,
+                                                  [self.upstream.process.pid, self.server.process.pid])
+        if self.inproc is not None:
+            try:
+                self.inproc.wait_ready()
+                assert self.inproc.process is not None
+                self.columns["harmony-proxy in-process"] = (self.inproc.url, [self.inproc.process.pid])
+            except RuntimeError as exc:
+                print(f"harmony-proxy in-process: not measured: {exc}", flush=True)
+        return self
+
+    def stop(self) -> None:
+        if self.upstream is not None:
+            self.upstream.stop()
+        for server in (self.inproc, self.server):
+            if server is not None:
+                server.stop()
 
 
 def main() -> None:
@@ -500,13 +513,7 @@ def main() -> None:
     parser.add_argument("--chaos-tokens", type=int, default=96)
     parser.add_argument("--no-inprocess", action="store_true", help="leave out harmony-proxy --engine vllm")
     parser.add_argument("--json", type=Path, help="also write every round's figures to this file")
-    parser.add_argument("--inprocess-python", type=Path, default=None,
-                        help="the Python that runs harmony-proxy --engine vllm: one with vLLM and harmony-proxy's "
-                             "dependencies (default: $HARMONY_PROXY_INPROCESS_PYTHON, else vLLM's: "
-                             "tests/vllm_server.py's vllm_python(), running this checkout's code)")
     args = parser.parse_args()
-    inprocess_python = args.inprocess_python or Path(os.environ.get("HARMONY_PROXY_INPROCESS_PYTHON")
-                                                     or vllm_python())
     # One OpenMP thread for vLLM's CPU engine: on a small shared machine its threads' spin-waiting made a decode
     # step cost ~8x the CPU (12 ms against 1.6 ms a token at 16 streams, measured here). Every engine gets it.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -515,30 +522,29 @@ def main() -> None:
     print(f"cores: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f} (client, front ends and engines share "
           f"them); logs in {folder}", flush=True)
     model = write_tiny_gpt_oss(folder / "harmony", harmony_weights(), tokenizer_cache=cache)
-    server, proxies, columns = start_front_ends(model, folder, "latency", not args.no_inprocess, inprocess_python)
+    fronts = FrontEnds(model, folder, "latency", not args.no_inprocess)
     try:
+        fronts.start()
+        server, columns = fronts.server, fronts.columns
         ids = prompt_ids()
         raw = FrontEnd(RAW, server.url, "/v1/completions",
                        {"model": server.model, "prompt": ids, "temperature": 1.0, "stream": True,
                         "skip_special_tokens": False, "stream_options": {"include_usage": True}},
                        [server.process.pid], raw_content)  # type: ignore[union-attr]
-        fronts = [raw] + [FrontEnd(name, url, "/v1/chat/completions", chat_body(server.model), roots, chat_content)
-                          for name, (url, roots) in columns.items()]
-        latency(fronts, [int(n) for n in args.streams.split(",")], args.tokens, args.repeats, args.json)
+        columns_run = [raw] + [FrontEnd(name, url, "/v1/chat/completions", chat_body(server.model), roots,
+                                        chat_content) for name, (url, roots) in columns.items()]
+        latency(columns_run, [int(n) for n in args.streams.split(",")], args.tokens, args.repeats, args.json)
     finally:
-        for proxy in proxies:
-            proxy.stop()
-        server.stop()
+        fronts.stop()
     if args.chaos_prompts:
         chaos = write_tiny_gpt_oss(folder / "chaos", biased_weights(chaos_bias()), tokenizer_cache=cache)
-        server, proxies, columns = start_front_ends(chaos, folder, "chaos", not args.no_inprocess, inprocess_python)
+        fronts = FrontEnds(chaos, folder, "chaos", not args.no_inprocess)
         try:
-            counts = {name: asyncio.run(robustness(url, server.model, args.chaos_prompts, args.chaos_tokens))
-                      for name, (url, _) in columns.items()}
+            fronts.start()
+            counts = {name: asyncio.run(robustness(url, fronts.server.model, args.chaos_prompts, args.chaos_tokens))
+                      for name, (url, _) in fronts.columns.items()}
         finally:
-            for proxy in proxies:
-                proxy.stop()
-            server.stop()
+            fronts.stop()
         names = list(counts)
         print(f"\nchaos checkpoint: {args.chaos_prompts} prompts x (plain, streamed), same seeds")
         print(f"{'':28}" + "".join(f"{name:>26}" for name in names))

@@ -241,17 +241,6 @@ def vllm_python() -> Path:
     return python
 
 
-def vllm_env() -> dict[str, str]:
-    """The environment vLLM runs in here: a small KV cache, its OpenMP thread unpinned, nothing downloaded."""
-    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-            "VLLM_NO_USAGE_STATS": "1",
-            # vLLM pins its engine's OpenMP thread to a core ("auto"); on a small machine its API server then
-            # answers nothing (no stream, no /metrics, no abort) until a generation ends. Unpinned, they share.
-            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
-            "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-            "TIKTOKEN_ENCODINGS_BASE": str(_vocab_folder()), "PYTHONUNBUFFERED": "1"}
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -280,9 +269,16 @@ class VllmServer:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> VllmServer:
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+               "VLLM_NO_USAGE_STATS": "1",
+               # vLLM pins its engine's OpenMP thread to a core ("auto"); on a small machine its API server then
+               # answers nothing (no stream, no /metrics, no abort) until a generation ends. Unpinned, they share.
+               "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+               "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "TIKTOKEN_ENCODINGS_BASE": str(_vocab_folder()), "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:
             # Its own process group: stopping it stops the engine core process it spawns too.
-            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=vllm_env(),
+            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
         return self
 
