@@ -10,7 +10,8 @@ output constraints wants (only the grammar can make it valid).
 
 `VllmServer` starts `python -m vllm.entrypoints.openai.api_server` from the vLLM environment (`vllm_python()`) on a
 free loopback port, waits for it, and stops it; `start_vllm` is that for a model directory and extra flags (more
-replicas, `--kv-events-config`, prefix caching...).
+replicas, `--kv-events-config`, prefix caching...). `VllmServer.in_process` is harmony-proxy with `--engine vllm` on
+the same model and flags, run by the same Python (vLLM's own start-up code then builds the engine in its process).
 """
 
 from __future__ import annotations
@@ -268,6 +269,14 @@ class VllmServer:
         ]
         self.process: subprocess.Popen[bytes] | None = None
 
+    @classmethod
+    def in_process(cls, model_dir: Path, extra_args: Sequence[str] = (), **options: Any) -> VllmServer:
+        """harmony-proxy serving vLLM in its own process (`--engine vllm`), the same vLLM flags after the model."""
+        server = cls(model_dir, extra_args, **options)
+        python, _, _, _, model, *flags = server.args  # python -m vllm.entrypoints.openai.api_server --model DIR ...
+        server.args = [python, "-m", "proxy", "serve", "--engine", "vllm", model, "--no-store", *flags]
+        return server
+
     def start(self) -> VllmServer:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                "VLLM_NO_USAGE_STATS": "1",
@@ -278,7 +287,7 @@ class VllmServer:
                "TIKTOKEN_ENCODINGS_BASE": str(_vocab_folder()), "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:
             # Its own process group: stopping it stops the engine core process it spawns too.
-            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env,
+            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                             start_new_session=True)
         return self
 
@@ -293,11 +302,12 @@ class VllmServer:
             time.sleep(0.5)
         raise RuntimeError(f"vLLM did not start in {timeout:.0f} s; its log ends:\n{self.log_tail()}")
 
-    def metrics(self) -> dict[str, float]:
-        """vLLM's Prometheus samples, unlabelled sums per name (`vllm:num_requests_running`, ...)."""
+    def metrics(self, label: str = "") -> dict[str, float]:
+        """vLLM's Prometheus samples, unlabelled sums per name (`vllm:num_requests_running`, ...); only the samples
+        whose labels hold `label` where given (`engine=`: vLLM's engine's own, beside harmony-proxy's front end's)."""
         samples: dict[str, float] = {}
         for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
-            if not line or line.startswith("#"):
+            if not line or line.startswith("#") or label not in line:
                 continue
             name_labels, _, value = line.rpartition(" ")
             name = name_labels.split("{", 1)[0]

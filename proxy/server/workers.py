@@ -3,7 +3,7 @@
 Each worker is a uvicorn worker process that rebuilds the server from the same command line (passed in the
 environment) and serves on the shared socket; the supervisor (`proxy/server/supervisor.py`, uvicorn's with a
 start-up allowance) restarts a worker that dies or hangs, saying why. With the
-mock, scripted and upstream engines each worker has its own engine. With trtllm there is one engine: a host
+mock, scripted and upstream engines each worker has its own engine. With trtllm (or vllm) there is one engine: a host
 process builds the `LLM` in its own main thread (as trtllm-serve does; TensorRT-LLM's MPI start-up and signal
 handling assume it) and serves it over a Unix socket; the workers render, parse and serialize, and only token
 ids cross (`proxy/engines/host.py`, `proxy/engines/remote.py`). While the model loads, workers answer /health
