@@ -506,8 +506,9 @@ class FrontEnds:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", default="1,16,64,256", help="concurrent streams, comma-separated")
-    parser.add_argument("--tokens", type=int, default=200, help="completion tokens each latency stream generates")
+    parser.add_argument("--streams", default="1,16,64,256",
+                        help="concurrent streams, comma-separated (empty: no latency runs)")
+    parser.add_argument("--tokens", type=int, default=128, help="completion tokens each latency stream generates")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per concurrency")
     parser.add_argument("--chaos-prompts", type=int, default=40, help="robustness prompts (0: no robustness table)")
     parser.add_argument("--chaos-tokens", type=int, default=96)
@@ -521,6 +522,15 @@ def main() -> None:
     cache = Path(tempfile.gettempdir()) / "harmony-proxy-tok"
     print(f"cores: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f} (client, front ends and engines share "
           f"them); logs in {folder}", flush=True)
+    stream_counts = [int(n) for n in args.streams.split(",") if n.strip()]
+    if stream_counts:
+        latency_table(folder, cache, stream_counts, args)
+    if args.chaos_prompts:
+        robustness_table(folder, cache, args)
+    print(f"\nlogs in {folder}")
+
+
+def latency_table(folder: Path, cache: Path, stream_counts: list[int], args: argparse.Namespace) -> None:
     model = write_tiny_gpt_oss(folder / "harmony", harmony_weights(), tokenizer_cache=cache)
     fronts = FrontEnds(model, folder, "latency", not args.no_inprocess)
     try:
@@ -533,24 +543,25 @@ def main() -> None:
                        [server.process.pid], raw_content)  # type: ignore[union-attr]
         columns_run = [raw] + [FrontEnd(name, url, "/v1/chat/completions", chat_body(server.model), roots,
                                         chat_content) for name, (url, roots) in columns.items()]
-        latency(columns_run, [int(n) for n in args.streams.split(",")], args.tokens, args.repeats, args.json)
+        latency(columns_run, stream_counts, args.tokens, args.repeats, args.json)
     finally:
         fronts.stop()
-    if args.chaos_prompts:
-        chaos = write_tiny_gpt_oss(folder / "chaos", biased_weights(chaos_bias()), tokenizer_cache=cache)
-        fronts = FrontEnds(chaos, folder, "chaos", not args.no_inprocess)
-        try:
-            fronts.start()
-            counts = {name: asyncio.run(robustness(url, fronts.server.model, args.chaos_prompts, args.chaos_tokens))
-                      for name, (url, _) in fronts.columns.items()}
-        finally:
-            fronts.stop()
-        names = list(counts)
-        print(f"\nchaos checkpoint: {args.chaos_prompts} prompts x (plain, streamed), same seeds")
-        print(f"{'':28}" + "".join(f"{name:>26}" for name in names))
-        for key in counts[names[0]]:
-            print(f"{key:28}" + "".join(f"{counts[name][key]:>26}" for name in names))
-    print(f"\nlogs in {folder}")
+
+
+def robustness_table(folder: Path, cache: Path, args: argparse.Namespace) -> None:
+    chaos = write_tiny_gpt_oss(folder / "chaos", biased_weights(chaos_bias()), tokenizer_cache=cache)
+    fronts = FrontEnds(chaos, folder, "chaos", not args.no_inprocess)
+    try:
+        fronts.start()
+        counts = {name: asyncio.run(robustness(url, fronts.server.model, args.chaos_prompts, args.chaos_tokens))
+                  for name, (url, _) in fronts.columns.items()}
+    finally:
+        fronts.stop()
+    names = list(counts)
+    print(f"\nchaos checkpoint: {args.chaos_prompts} prompts x (plain, streamed), same seeds")
+    print(f"{'':28}" + "".join(f"{name:>26}" for name in names))
+    for key in counts[names[0]]:
+        print(f"{key:28}" + "".join(f"{counts[name][key]:>26}" for name in names))
 
 
 if __name__ == "__main__":
