@@ -262,10 +262,12 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
         if not args.upstream_url:
             raise StartupError("--engine upstream needs --upstream-url http://host:port/v1 (repeatable)")
         model = args.upstream_model or args.served_model_name or DEFAULT_MODEL
+        limit = DEFAULT_CONCURRENCY if args.max_concurrent_requests is None else args.max_concurrent_requests
         return UpstreamEngine(vocab, args.upstream_url, model,
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
                               args.upstream_read_timeout, args.upstream_guided_decoding, args.upstream_routing,
-                              kv_events=args.upstream_kv_events == "auto")
+                              kv_events=args.upstream_kv_events == "auto",
+                              max_in_flight=limit or None)  # as admission_queue: 0 is no limit
     from proxy.engines.trtllm import TrtllmEngine
 
     engine = TrtllmEngine(trtllm_command(args), vocab, args.guided_decoding_backend)
