@@ -5,8 +5,9 @@ Why not httpx here: in front of a fast upstream (`benchmarks/load_bench.py --ups
 and h11 took about half of the front end's CPU per token: a pure-Python HTTP state machine, an anyio stream and
 several generators per network read. httptools is uvicorn's own parser (llhttp, in C; already a dependency), and an
 `asyncio.Protocol` over uvloop wakes the reader once per read whatever it brought. aiohttp's client parses with
-llhttp too, but it is not a dependency, and still goes through a stream reader and an iterator per read:
-`benchmarks/upstream_client_bench.py` prints the three side by side (CPU per event).
+llhttp too, but it is not a dependency, and still goes through a stream reader and an iterator per read. Measured
+by `benchmarks/upstream_client_bench.py` (64 streams of vLLM-shaped chunks, client CPU per event, one event per
+write / eight): this client 3.7 / 1.2 us, aiohttp 5.1 / 2.7 us, httpx 24.8 / 15.2 us.
 
 No hidden limits: a request never waits for a connection. It takes an idle one to its replica or opens one; how
 many are in flight is bounded by admission (`--max-concurrent-requests`), which also bounds the idle connections
