@@ -221,3 +221,22 @@ def test_a_dead_port_and_a_silent_upstream_are_named(serve_app: Callable[[Any], 
         return problems
 
     assert asyncio.run(run()) == ["connection failed", "no data before the read timeout"]
+
+
+def test_a_busy_event_loop_is_not_taken_for_an_upstream_that_does_not_answer(
+        serve_app: Callable[[Any], LiveServer]) -> None:
+    """Thousands of requests arriving at once keep the loop busy past the connect timeout: the connection the
+    upstream accepted meanwhile is used, not reported as timed out."""
+    url = raw_server(serve_app, lambda request: Response(b"data: x\n\n"))
+
+    async def run() -> tuple[int, bytes]:
+        pool = ConnectionPool(0.2, 30)
+        try:
+            reading = asyncio.ensure_future(_lines(pool, url))
+            await asyncio.sleep(0)  # the connection is under way
+            time.sleep(0.6)  # noqa: ASYNC251 (the point: the loop does other work for three connect timeouts)
+            return await reading
+        finally:
+            pool.close()
+
+    assert asyncio.run(run()) == (200, b"data: x\n\n")

@@ -65,6 +65,9 @@ _FINISH: dict[str, FinishReason] = {
 }
 _RETRY_STATUSES = (408, 429, 502, 503, 504)  # an upstream that is down, overloaded or slow: try the next one
 _CLIENT_STATUSES = (400, 413, 422)  # the request itself is wrong (too long, say): the client should know
+# The most tokens one step hands on (about what a GPU engine streams per step when it runs ahead: a batch of ~16
+# per stream keeps a frame's cost small while a loop turn over 1,000 streams stays short).
+STEP_TOKENS = 16
 
 class UpstreamEngine:
     name = "upstream"
@@ -231,16 +234,27 @@ class UpstreamEngine:
                 if chunk.error is not msgspec.UNSET:
                     raise EngineError(f"The upstream {_public(url)} failed: {error_text(chunk.error)}",
                                       status=502, code="upstream_error")
-                usage = chunk.usage or usage
+                if chunk.usage:
+                    usage = chunk.usage
                 for choice in chunk.choices or ():
-                    step += self._tokens(choice, chunk, url)
+                    tokens = choice.token_ids
+                    step += tokens if tokens is not None else self._untokenized(choice, chunk)
                     if choice.finish_reason:
                         finish = _FINISH.get(choice.finish_reason, "error")
                         stop_reason = choice.stop
-            if step:
-                generated += len(step)
-                last_token = step[-1]
-                yield Step(step)
+            if not step:
+                continue
+            if min(step) < 0 or max(step) >= self._vocab.vocab_size:
+                raise EngineError(f"The upstream {_public(url)} sent invalid token ids.", status=502,
+                                  code="upstream_error")
+            generated += len(step)
+            last_token = step[-1]
+            # An upstream far ahead of us (its whole answer in one read) is handed on STEP_TOKENS at a time, a turn
+            # of the event loop each: other streams, and new requests' first tokens, get their turns in between.
+            for start in range(0, len(step), STEP_TOKENS):
+                if start:
+                    await asyncio.sleep(0)
+                yield Step(step[start : start + STEP_TOKENS] if len(step) > STEP_TOKENS else step)
         if finish is None:
             raise EngineError(
                 f"The upstream {_public(url)} ended the stream without finishing the request.",
@@ -255,16 +269,11 @@ class UpstreamEngine:
                 restored = [self._vocab.special.return_]  # the end token, which servers may leave out
         yield Step(restored, finish, self._usage(usage, request, generated + len(restored)))
 
-    def _tokens(self, choice: Choice, chunk: Chunk, url: str) -> list[int]:
-        tokens = choice.token_ids
-        if tokens is None and chunk.nvext is not None:
-            tokens = chunk.nvext.completion_token_ids
-        if tokens is None:
-            text = choice.text
-            return self._vocab.encode_harmony(text) if text else []
-        if tokens and (min(tokens) < 0 or max(tokens) >= self._vocab.vocab_size):
-            raise EngineError(f"The upstream {_public(url)} sent invalid token ids.", status=502, code="upstream_error")
-        return tokens
+    def _untokenized(self, choice: Choice, chunk: Chunk) -> list[int]:
+        """A choice without `token_ids`: Dynamo's ids, else its text encoded (special tokens allowed)."""
+        if chunk.nvext is not None and chunk.nvext.completion_token_ids is not None:
+            return chunk.nvext.completion_token_ids
+        return self._vocab.encode_harmony(choice.text) if choice.text else []
 
     @staticmethod
     def _usage(usage: dict[str, Any] | None, request: GenerationRequest, generated: int) -> Usage:

@@ -27,6 +27,7 @@ import httptools
 HIGH_WATER = 1 << 20  # bytes received and not yet taken; reading pauses past it while the consumer is busy
 MAX_LINE = 64 << 20  # one SSE line (vLLM echoes a whole prompt's ids in one)
 ERROR_BODY = 1 << 16  # what is kept of a refusal's body
+LOOP_LAG = 0.1  # seconds late a timer may run before we take it for a busy event loop, not a slow upstream
 
 
 class UpstreamHTTPError(Exception):
@@ -92,13 +93,35 @@ class ConnectionPool:
         tls = None
         if origin.tls:
             tls = self._ssl = self._ssl or ssl.create_default_context()
+        attempt = asyncio.ensure_future(loop.create_connection(lambda: connection, origin.host, origin.port, ssl=tls))
+        expired = False
+
+        def expire(deadline: float) -> None:
+            nonlocal expired
+            if attempt.done():
+                return
+            if loop.time() - deadline > LOOP_LAG:
+                # This timer ran late: our own event loop was busy (thousands of requests arriving at once), and a
+                # connection the upstream accepted meanwhile may not have been seen yet. That is no slow upstream:
+                # wait on, while the loop catches up.
+                loop.call_at(loop.time() + LOOP_LAG, expire, loop.time() + LOOP_LAG)
+                return
+            expired = True
+            attempt.cancel()
+
+        timer = loop.call_at(loop.time() + self.connect_timeout, expire, loop.time() + self.connect_timeout)
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                await loop.create_connection(lambda: connection, origin.host, origin.port, ssl=tls)
-        except TimeoutError:
+            await attempt
+        except asyncio.CancelledError:
+            if not expired:
+                raise
             raise UpstreamHTTPError("connection timed out") from None
         except OSError:
             raise UpstreamHTTPError("connection failed") from None
+        finally:
+            timer.cancel()
+            if not attempt.done():
+                attempt.cancel()  # we were cancelled: the attempt goes with us
         self.opened += 1
         return connection
 
