@@ -65,9 +65,6 @@ _FINISH: dict[str, FinishReason] = {
 }
 _RETRY_STATUSES = (408, 429, 502, 503, 504)  # an upstream that is down, overloaded or slow: try the next one
 _CLIENT_STATUSES = (400, 413, 422)  # the request itself is wrong (too long, say): the client should know
-# The most tokens one step hands on (about what a GPU engine streams per step when it runs ahead: a batch of ~16
-# per stream keeps a frame's cost small while a loop turn over 1,000 streams stays short).
-STEP_TOKENS = 16
 
 class UpstreamEngine:
     name = "upstream"
@@ -249,12 +246,9 @@ class UpstreamEngine:
                                   code="upstream_error")
             generated += len(step)
             last_token = step[-1]
-            # An upstream far ahead of us (its whole answer in one read) is handed on STEP_TOKENS at a time, a turn
-            # of the event loop each: other streams, and new requests' first tokens, get their turns in between.
-            for start in range(0, len(step), STEP_TOKENS):
-                if start:
-                    await asyncio.sleep(0)
-                yield Step(step[start : start + STEP_TOKENS] if len(step) > STEP_TOKENS else step)
+            # One step per read, however much it brought: handing a fast upstream's backlog on in slices of 16
+            # tokens, a loop turn each, doubled the CPU per token and left TTFT where it was (docs/performance.md).
+            yield Step(step)
         if finish is None:
             raise EngineError(
                 f"The upstream {_public(url)} ended the stream without finishing the request.",

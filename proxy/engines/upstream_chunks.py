@@ -59,8 +59,12 @@ class EventReader:
         self.done = False  # `data: [DONE]` came: later payloads are ignored
 
     def payloads(self, lines: bytes) -> list[bytes]:
-        if not self._event and not self.done and b"event:" not in lines and b"[DONE]" not in lines:
-            return _DATA.findall(lines)  # what nearly every read holds: `data:` lines and blank ones, one C call
+        if not self._event and not self.done and b"event:" not in lines:
+            found = _DATA.findall(lines)  # what nearly every read holds: `data:` lines and blank ones, one C call
+            if b"[DONE]" in lines and b"[DONE]" in found:  # the end (with the whole answer, from a fast upstream)
+                self.done = True
+                del found[found.index(b"[DONE]"):]
+            return found
         if b"\r" in lines:
             lines = lines.replace(b"\r\n", b"\n")
         found = []
