@@ -240,3 +240,33 @@ def test_a_busy_event_loop_is_not_taken_for_an_upstream_that_does_not_answer(
             pool.close()
 
     assert asyncio.run(run()) == (200, b"data: x\n\n")
+
+
+def test_the_pool_is_sized_from_admission(serve_app: Callable[[Any], LiveServer]) -> None:
+    from proxy.server.arguments import build_parser
+    from proxy.server.startup import build_state
+
+    def limits(*options: str) -> tuple[int, int | None]:
+        args = build_parser().parse_args(["serve", "--upstream-url", "http://127.0.0.1:9/v1", "--no-store", *options])
+        engine = build_state(args, "upstream").engine
+        return engine.queue.max_concurrent, engine.inner.max_in_flight
+
+    assert limits() == (1024, 1024)
+    assert limits("--max-concurrent-requests", "300") == (300, 300)
+    assert limits("--max-concurrent-requests", "0")[1] is None  # no admission limit: none here either
+
+    # Idle connections kept per replica: at most max_idle; the rest close, and the next burst opens what it lacks.
+    url = raw_server(serve_app, lambda request: Response(b"data: x\n\n"))
+
+    async def run() -> list[int]:
+        pool = ConnectionPool(5, 30, max_idle=2)
+        opened = []
+        try:
+            for _ in range(2):
+                await asyncio.gather(*(_lines(pool, url) for _ in range(5)))
+                opened.append(pool.opened)
+        finally:
+            pool.close()
+        return opened
+
+    assert asyncio.run(run()) == [5, 8]

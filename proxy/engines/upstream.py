@@ -97,7 +97,7 @@ class UpstreamEngine:
         # httpx only for probes and the KV-event sources: a handful of connections, never waited for long.
         self._timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout,
                                       pool=connect_timeout)
-        self._max_in_flight = max_in_flight
+        self.max_in_flight = max_in_flight
         self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
         self.pool: ConnectionPool | None = None
         # Replicas that publish their KV-cache events are routed on what they really hold (found at start).
@@ -113,7 +113,7 @@ class UpstreamEngine:
     async def start(self) -> None:
         logger.log(*self.guided.notice())
         # Connections to the upstreams are reused; as many kept per replica as admission lets run at once.
-        self.pool = ConnectionPool(self._connect_timeout, self._read_timeout, self._headers, self._max_in_flight)
+        self.pool = ConnectionPool(self._connect_timeout, self._read_timeout, self._headers, self.max_in_flight)
         self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
         self._subscribers = [EventSubscriber(_root(url), held, self._client)
                              for url, held in zip(self._urls, self._held, strict=False)]
