@@ -7,6 +7,7 @@
     .venv/bin/python benchmarks/load_bench.py --step-ms 1                  # an engine with a pace of its own
     .venv/bin/python benchmarks/load_bench.py --server-cmd 'other={python} -m other --port {port}'
     .venv/bin/python benchmarks/load_bench.py --traced --git-ref main --tokens-per-step 1   # tracing off and on
+    .venv/bin/python benchmarks/load_bench.py --upstream --servers ours,upstream --concurrency 64,1024
 
 Servers, each a subprocess pinned to `--server-cpu` (default CPU 0; the client runs on `--client-cpu`, 1; each
 takes a list such as 0-7 or 0,2: a server's workers share its CPUs, and the client runs one process per CPU,
@@ -21,8 +22,12 @@ the streams split between them, so that `--ours-args="--workers 8"` is not limit
 - traced (`--traced`): ours with OpenTelemetry tracing on (OTEL_EXPORTER_OTLP_ENDPOINT), exporting its spans
   over OTLP/HTTP to a sink in this process that counts the bytes; with `--git-ref` of a commit before tracing
   existed, ours against ref is the cost of tracing off, traced against ours the cost of tracing on;
+- upstream (`--upstream`): ours with `--engine upstream`, in front of a harmony-proxy playing the same script
+  (`--engine scripted`, no admission limit, `--upstream-args` added) on `--upstream-cpu`: the cost of reading an
+  upstream next to the engine in process, as ours (the front end's CPU alone is counted); its table ends the run;
 - `--server-cmd NAME=TEMPLATE` (repeatable): any command; {python}, {port}, {script}, {tokens_per_step},
-  {step_ms} are filled in; run at every tokens-per-step if it uses {tokens_per_step}, else at 1 only.
+  {step_ms} are filled in, and {upstream}, the base URL of the `--upstream` server; run at every tokens-per-step
+  if it uses {tokens_per_step}, else at 1 only.
 
 The engine's pace (`--step-ms`): 0 (the default) is an engine with no pace of its own: it makes a step each time
 the server asks for one, after one turn of the event loop, so every step is a frame and the figures are the cost
@@ -122,9 +127,9 @@ class ServerKind:
     env: dict[str, str]
     every_k: bool  # can stream several tokens per step
 
-    def command(self, port: int, script: Path, tokens_per_step: int, step_ms: float) -> list[str]:
+    def command(self, port: int, script: Path, tokens_per_step: int, step_ms: float, upstream: str = "") -> list[str]:
         values = {"python": sys.executable, "port": port, "script": script, "tokens_per_step": tokens_per_step,
-                  "step_ms": step_ms}
+                  "step_ms": step_ms, "upstream": upstream}
         return [part.format(**values) for part in self.template]
 
 
@@ -151,6 +156,10 @@ def server_kinds(args: argparse.Namespace) -> dict[str, ServerKind]:
         path = os.pathsep.join(filter(None, [str(tree.resolve()), env.get("PYTHONPATH")]))  # packages may come by it
         kinds["ref"] = ServerKind(f"ref {Path(args.git_ref).name}", template, tree.resolve(),
                                   {**env, "PYTHONPATH": path}, every_k)
+    if args.upstream:
+        kinds["upstream"] = ServerKind("upstream", [
+            "{python}", "-m", "proxy", "serve", "--engine", "upstream", "--upstream-url", "{upstream}", "--port",
+            "{port}", "--log-level", "warning", "--no-store", *shlex.split(args.ours_args)], ROOT, env, True)
     if args.traced:
         traced_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{args.traced.port}",
                       "OTEL_SERVICE_NAME": "harmony-proxy-bench"}
@@ -180,10 +189,10 @@ class Server:
     """A server subprocess on one CPU, its log in a file, its CPU time read from /proc."""
 
     def __init__(self, kind: ServerKind, tokens_per_step: int, step_ms: float, script: Path, cpus: set[int],
-                 logs: Path) -> None:
+                 logs: Path, upstream: str = "") -> None:
         self.kind, self.port = kind, free_port()
         self.log = logs / f"{kind.name.replace(' ', '-')}-k{tokens_per_step}.log"
-        command = kind.command(self.port, script, tokens_per_step, step_ms)
+        command = kind.command(self.port, script, tokens_per_step, step_ms, upstream)
         with self.log.open("wb") as log:
             # Its own process group, so that stop() reaches workers and wrapped commands too.
             self.process = subprocess.Popen(command, cwd=kind.cwd, env=kind.env, stdout=log, stderr=subprocess.STDOUT,
@@ -438,6 +447,11 @@ def main() -> None:
     options.add_argument("--ours-args", default="",
                          help='extra `proxy serve` options for ours, e.g. --ours-args="--workers 2"')
     options.add_argument("--traced", action="store_true", help="also measure ours with tracing on ('traced')")
+    options.add_argument("--upstream", action="store_true",
+                         help="also measure ours in front of an upstream harmony-proxy ('upstream')")
+    options.add_argument("--upstream-cpu", type=cpu_list, help="the upstream's CPUs (default: the server's)")
+    options.add_argument("--upstream-args", default="",
+                         help='extra `proxy serve` options for the upstream, e.g. --upstream-args="--workers 4"')
     options.add_argument("--server-cpu", type=cpu_list, default={0}, help="CPUs, e.g. 0 or 0-7 (default 0)")
     options.add_argument("--client-cpu", type=cpu_list, default={1},
                          help="CPUs, one client process each, e.g. 1 or 8-15 (default 1)")
@@ -470,10 +484,20 @@ def main() -> None:
     rows: list[Row] = []
     for tokens_per_step in args.tokens_per_step:
         servers: list[Server] = []
+        behind: Server | None = None
         try:
+            upstream = ""
+            if args.upstream:
+                behind = Server(ServerKind("behind", [*OURS, "--tokens-per-step", "{tokens_per_step}",
+                                                      "--max-concurrent-requests", "0",
+                                                      *shlex.split(args.upstream_args)], ROOT, dict(os.environ), True),
+                                tokens_per_step, args.step_ms, script, args.upstream_cpu or args.server_cpu, logs)
+                behind.wait_healthy()
+                upstream = f"http://127.0.0.1:{behind.port}/v1"
             for name in names:
                 if kinds[name].every_k or tokens_per_step == 1:
-                    servers.append(Server(kinds[name], tokens_per_step, args.step_ms, script, args.server_cpu, logs))
+                    servers.append(Server(kinds[name], tokens_per_step, args.step_ms, script, args.server_cpu, logs,
+                                          upstream))
             for server in servers:
                 server.wait_healthy()
                 server.settle()  # idle: with --workers, /health answers before every worker is up
@@ -490,11 +514,12 @@ def main() -> None:
                         print(f"    errors: {dict(row.result.stats.errors)}", flush=True)
                 rows += level
         finally:
-            for server in servers:
+            for server in [*servers, *([behind] if behind else [])]:
                 server.stop()
     print("\n/bare = server CPU per token over bare's at the same K and C (lower is better).")
     print_comparison(rows)
     print_comparison(rows, "traced", "ours")
+    print_upstream(rows)
     if args.traced:
         print(f"\nthe OTLP sink received {args.traced.exports} exports, {args.traced.bytes / 1e6:.1f} MB of spans")
 
@@ -512,6 +537,28 @@ def print_comparison(rows: list[Row], server: str = "ours", baseline: str = "ref
               f"server CPU per token {ours.cpu_per_token_us:.1f} "
               f"us vs {ref.cpu_per_token_us:.1f} us ({ours.cpu_per_token_us / ref.cpu_per_token_us:.2f}x); "
               f"tokens/s {rates[0]:.0f} vs {rates[1]:.0f}")
+
+def print_upstream(rows: list[Row]) -> None:
+    """Upstream mode against the engine in process, per K and C: the front end's CPU per token, TTFT, errors."""
+    ours = {(row.tokens_per_step, row.concurrency): row for row in rows if row.server == "ours"}
+    pairs = [(row, ours[row.tokens_per_step, row.concurrency]) for row in rows
+             if row.server == "upstream" and (row.tokens_per_step, row.concurrency) in ours]
+    if not pairs:
+        return
+    print("\nupstream (ours in front of an upstream harmony-proxy) against ours (the engine in process):")
+    print(f"{'K':>3} {'C':>5} {'us/tok up':>9} {'in-proc':>8} {'ratio':>6} {'TTFT50 up':>10} {'in-proc':>8} "
+          f"{'TTFT99 up':>10} {'in-proc':>8} {'ratio99':>7} {'errors up':>9} {'in-proc':>7} {'429 up':>6} "
+          f"{'in-proc':>7}")
+    for up, local in pairs:
+        ttft = [(percentile(row.result.stats.ttft, 0.5), percentile(row.result.stats.ttft, 0.99))
+                for row in (up, local)]
+        errors = [sum(row.result.stats.errors.values()) for row in (up, local)]
+        print(f"{up.tokens_per_step:>3} {up.concurrency:>5} {up.cpu_per_token_us:>9.1f} {local.cpu_per_token_us:>8.1f} "
+              f"{up.cpu_per_token_us / local.cpu_per_token_us:>6.2f} {seconds(ttft[0][0]):>10} "
+              f"{seconds(ttft[1][0]):>8} {seconds(ttft[0][1]):>10} {seconds(ttft[1][1]):>8} "
+              f"{ttft[0][1] / ttft[1][1]:>7.2f} {errors[0]:>9} {errors[1]:>7} {up.result.stats.rejected:>6} "
+              f"{local.result.stats.rejected:>7}")
+
 
 if __name__ == "__main__":
     main()

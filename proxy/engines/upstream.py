@@ -17,6 +17,10 @@ token boundaries (and so per-token timing) can differ from what the model genera
 
 Output constraints (a required call, strict arguments, a JSON final answer) travel in the flavor's own guided
 decoding field, in the dialect of the upstream's grammar backend: see `GuidedDecoding`.
+
+The token stream travels over `upstream_http.py` (a lean HTTP/1.1 client, no pool limit of its own: admission
+bounds the requests in flight) and is decoded by `upstream_chunks.py`; httpx serves the rest (health probes, the
+replicas' KV-event sources).
 """
 
 from __future__ import annotations
@@ -25,16 +29,20 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from http import HTTPStatus
 from typing import Any
 
 import httpx
+import msgspec
 
 from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
 from proxy.engines.kv_events import ReplicaBlocks
 from proxy.engines.kv_subscriber import EventBudget, EventCounts, EventSubscriber
 from proxy.engines.routing import Route, Router, make_router
+from proxy.engines.upstream_chunks import Choice, Chunk, ChunkError, EventReader, UpstreamFailed, decode, error_text
 from proxy.engines.upstream_constraints import GuidedDecoding
+from proxy.engines.upstream_http import ConnectionPool, Origin, StreamEnded, UpstreamConnection, UpstreamHTTPError
 
 logger = logging.getLogger("harmony_proxy.engine")
 
@@ -76,16 +84,25 @@ class UpstreamEngine:
         kv_events: bool = True,
         kv_events_budget: EventBudget | None = None,
         kv_events_bind: tuple[str, ...] = (),
+        max_in_flight: int | None = None,
     ) -> None:
+        """`max_in_flight`: the requests admission lets run at once (None: no limit); it sizes what the pool of
+        connections keeps per replica. Requests never wait for a connection."""
         if not urls:
             raise ValueError("the upstream engine needs at least one --upstream-url")
         self._vocab = vocab
         self._urls = [url.rstrip("/") for url in urls]
+        self._origins = [Origin(url) for url in self._urls]
         self._model = model
         self._fields = FLAVORS[flavor]
         self.guided = GuidedDecoding(flavor, guided_decoding)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=read_timeout)
+        # httpx only for probes and the KV-event sources: a handful of connections, never waited for long.
+        self._timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout,
+                                      pool=connect_timeout)
+        self.max_in_flight = max_in_flight
+        self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
+        self.pool: ConnectionPool | None = None
         # Replicas that publish their KV-cache events are routed on what they really hold (found at start).
         self._held = [ReplicaBlocks() for _ in self._urls] if kv_events and len(self._urls) > 1 else []
         self.router: Router = make_router(routing, len(self._urls), self._held)
@@ -99,7 +116,8 @@ class UpstreamEngine:
 
     async def start(self) -> None:
         logger.log(*self.guided.notice())
-        # One pooled client for every request: connections to the upstreams are reused.
+        # Connections to the upstreams are reused; as many kept per replica as admission lets run at once.
+        self.pool = ConnectionPool(self._connect_timeout, self._read_timeout, self._headers, self.max_in_flight)
         self._client = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
         self._subscribers = [EventSubscriber(_root(url), held, self._client, self._kv_budget, self._kv_bind)
                              for url, held in zip(self._urls, self._held, strict=False)]
@@ -115,6 +133,8 @@ class UpstreamEngine:
     async def close(self) -> None:
         for subscriber in self._subscribers:
             await subscriber.close()
+        if self.pool is not None:
+            self.pool.close()
         if self._client is not None:
             client, self._client = self._client, None
             await client.aclose()
@@ -127,20 +147,20 @@ class UpstreamEngine:
             )
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
-        response, route, replica = await self._open(self._body(request), request)
+        response, route, replica = await self._open(msgspec.json.encode(self._body(request)), request)
         url = self._urls[replica]
         try:
             async for step in self._steps(response, url, request):
                 yield step
-        except httpx.HTTPError as exc:
+        except UpstreamHTTPError as exc:
             raise EngineError(
-                f"The upstream {_public(url)} failed while streaming: {_describe(exc)}",
+                f"The upstream {_public(url)} failed while streaming: {exc}",
                 status=502,
                 code="upstream_error",
             ) from exc
         finally:
             self.router.finished(route, replica)
-            await response.aclose()  # closing the stream is how the upstream learns to abort the request
+            response.finish()  # closing an unfinished stream is how the upstream learns to abort the request
 
     def _body(self, request: GenerationRequest) -> dict[str, Any]:
         guided, unenforced = self.guided.fields(request.constraint)
@@ -157,10 +177,10 @@ class UpstreamEngine:
             **guided,
         }
 
-    async def _open(self, body: dict[str, Any], request: GenerationRequest) -> tuple[httpx.Response, Route, int]:
+    async def _open(self, body: bytes, request: GenerationRequest) -> tuple[UpstreamConnection, Route, int]:
         """Send to the replica the router picks; fail over to the others, in its order, while nothing has been
         received. Returns the open stream, the routing decision and the replica's index."""
-        if self._client is None:
+        if self.pool is None:
             raise EngineError("The upstream engine is not started.", status=503)
         route = self.router.route(request.prompt_token_ids, request.routing_hints)
         problems = []
@@ -169,28 +189,25 @@ class UpstreamEngine:
             # In flight from now: a replica queueing prefills has not answered yet, and is busy all the same.
             self.router.sent(route, replica, request.request_id)
             try:
-                response = await self._client.send(
-                    self._client.build_request("POST", url + "/completions", json=body,
-                                               headers=request.trace_headers or None), stream=True
-                )
-            except httpx.HTTPError as exc:
+                response = await self.pool.post(self._origins[replica], "/completions", body, request.trace_headers)
+            except UpstreamHTTPError as exc:
                 self.router.finished(route, replica)
-                problems.append(f"{_public(url)}: {_describe(exc)}")
+                problems.append(f"{_public(url)}: {exc}")
                 continue
             except BaseException:
                 self.router.finished(route, replica)
                 raise
-            if response.status_code == 200:
+            if response.status == 200:
                 return response, route, replica
             self.router.finished(route, replica)
             message = await _error_message(response)
-            if response.status_code in _RETRY_STATUSES:
-                problems.append(f"{_public(url)}: HTTP {response.status_code} {message}")
+            if response.status in _RETRY_STATUSES:
+                problems.append(f"{_public(url)}: HTTP {response.status} {message}")
                 continue
             # Anything else (401, 403, 404, 500) is a problem between us and the upstream: a bad gateway.
-            status = 400 if response.status_code in _CLIENT_STATUSES else 502
+            status = 400 if response.status in _CLIENT_STATUSES else 502
             raise EngineError(
-                f"The upstream {_public(url)} refused the request (HTTP {response.status_code}): {message}",
+                f"The upstream {_public(url)} refused the request (HTTP {response.status}): {message}",
                 status=status,
                 code="upstream_rejected",
             )
@@ -199,33 +216,49 @@ class UpstreamEngine:
             "No upstream could take the request: " + "; ".join(problems), status=503, code="upstream_unavailable"
         )
 
-    async def _steps(self, response: httpx.Response, url: str, request: GenerationRequest) -> AsyncIterator[Step]:
+    async def _steps(self, response: UpstreamConnection, url: str,
+                     request: GenerationRequest) -> AsyncIterator[Step]:
         stops = self._vocab.stop_token_ids
         finish: FinishReason | None = None
         stop_reason: Any = None
         usage: dict[str, Any] | None = None
         last_token: int | None = None
         generated = 0
+        events = EventReader()
         # Chunks that arrived together are one step: an upstream that ran ahead of us costs one frame, not many.
-        async for payloads in _sse_payloads(response, url):
+        while True:
+            try:
+                payloads = events.payloads(await response.next_lines())
+                chunks = decode(payloads) if payloads else ()
+            except StreamEnded:
+                break
+            except (ChunkError, UpstreamFailed) as exc:
+                raise EngineError(f"The upstream {_public(url)} failed: {exc}" if isinstance(exc, UpstreamFailed)
+                                  else f"The upstream {_public(url)} {exc}.", status=502,
+                                  code="upstream_error") from None
             step: list[int] = []
-            for payload in payloads:
-                if payload == "[DONE]":
-                    break
-                chunk = _json(payload, url)
-                if "error" in chunk:
-                    raise EngineError(f"The upstream {_public(url)} failed: {_error_text(chunk['error'])}",
+            for chunk in chunks:
+                if chunk.error is not msgspec.UNSET:
+                    raise EngineError(f"The upstream {_public(url)} failed: {error_text(chunk.error)}",
                                       status=502, code="upstream_error")
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or ():
-                    step += self._tokens(choice, chunk, url)
-                    if choice.get("finish_reason"):
-                        finish = _FINISH.get(choice["finish_reason"], "error")
-                        stop_reason = choice.get("stop_reason", choice.get("matched_stop"))
-            if step:
-                generated += len(step)
-                last_token = step[-1]
-                yield Step(step)
+                if chunk.usage:
+                    usage = chunk.usage
+                for choice in chunk.choices or ():
+                    tokens = choice.token_ids
+                    step += tokens if tokens is not None else self._untokenized(choice, chunk)
+                    if choice.finish_reason:
+                        finish = _FINISH.get(choice.finish_reason, "error")
+                        stop_reason = choice.stop
+            if not step:
+                continue
+            if min(step) < 0 or max(step) >= self._vocab.vocab_size:
+                raise EngineError(f"The upstream {_public(url)} sent invalid token ids.", status=502,
+                                  code="upstream_error")
+            generated += len(step)
+            last_token = step[-1]
+            # One step per read, however much it brought: handing a fast upstream's backlog on in slices of 16
+            # tokens, a loop turn each, doubled the CPU per token and left TTFT where it was (docs/performance.md).
+            yield Step(step)
         if finish is None:
             raise EngineError(
                 f"The upstream {_public(url)} ended the stream without finishing the request.",
@@ -240,17 +273,11 @@ class UpstreamEngine:
                 restored = [self._vocab.special.return_]  # the end token, which servers may leave out
         yield Step(restored, finish, self._usage(usage, request, generated + len(restored)))
 
-    def _tokens(self, choice: dict[str, Any], chunk: dict[str, Any], url: str) -> list[int]:
-        tokens = choice.get("token_ids")
-        if tokens is None:
-            tokens = (chunk.get("nvext") or {}).get("completion_token_ids")
-        if tokens is None:
-            text = choice.get("text")
-            return self._vocab.encode_harmony(text) if text else []
-        valid = self._vocab.vocab_size
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < valid for t in tokens):
-            raise EngineError(f"The upstream {_public(url)} sent invalid token ids.", status=502, code="upstream_error")
-        return tokens
+    def _untokenized(self, choice: Choice, chunk: Chunk) -> list[int]:
+        """A choice without `token_ids`: Dynamo's ids, else its text encoded (special tokens allowed)."""
+        if chunk.nvext is not None and chunk.nvext.completion_token_ids is not None:
+            return chunk.nvext.completion_token_ids
+        return self._vocab.encode_harmony(choice.text) if choice.text else []
 
     @staticmethod
     def _usage(usage: dict[str, Any] | None, request: GenerationRequest, generated: int) -> Usage:
@@ -273,54 +300,18 @@ class UpstreamEngine:
         return "" if response.status_code == 200 else f"{_public(url)}: HTTP {response.status_code}"
 
 
-async def _sse_payloads(response: httpx.Response, url: str) -> AsyncIterator[list[str]]:
-    """The `data:` payloads of the stream, a list per network read (what arrived together)."""
-    event, buffer = None, b""
-    async for received in response.aiter_bytes():
-        *lines, buffer = (buffer + received).split(b"\n")
-        payloads = []
-        for raw in lines:
-            line = raw.rstrip(b"\r").decode("utf-8", "replace")
-            if line.startswith("data:"):
-                payloads.append(line[5:].strip())
-            elif line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith(":") and event == "error":  # Dynamo sends errors as an `error` event, a comment
-                raise EngineError(f"The upstream {_public(url)} failed: {line[1:].strip()}", status=502,
-                                  code="upstream_error")
-            elif not line:
-                event = None
-        if payloads:
-            yield payloads
-
-
-def _json(payload: str, url: str) -> dict[str, Any]:
+async def _error_message(response: UpstreamConnection) -> str:
     try:
-        chunk = json.loads(payload)
-    except json.JSONDecodeError:
-        chunk = None
-    if not isinstance(chunk, dict):
-        raise EngineError(f"The upstream {_public(url)} sent a chunk that is not JSON.", status=502,
-                          code="upstream_error")
-    return chunk
-
-
-def _error_text(error: Any) -> str:
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    return str(error)
-
-
-async def _error_message(response: httpx.Response) -> str:
+        reason = HTTPStatus(response.status).phrase
+    except ValueError:
+        reason = ""
     try:
-        body = json.loads(await response.aread())
-    except (json.JSONDecodeError, httpx.HTTPError, UnicodeDecodeError):
-        return response.reason_phrase
-    finally:
-        await response.aclose()
+        body = json.loads(await response.read_body())
+    except (json.JSONDecodeError, UpstreamHTTPError, UnicodeDecodeError):
+        return reason
     if isinstance(body, dict):
-        return _error_text(body.get("error") or body.get("message") or body)  # trtllm-serve: a flat error object
-    return response.reason_phrase
+        return error_text(body.get("error") or body.get("message") or body)  # trtllm-serve: a flat error object
+    return reason
 
 
 def _public(url: str) -> str:

@@ -273,12 +273,14 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
             raise StartupError("--upstream-kv-events-budget is in MiB per second, more than 0 (--upstream-kv-events "
                                "off routes without the events)")
         model = args.upstream_model or args.served_model_name or DEFAULT_MODEL
+        limit = DEFAULT_CONCURRENCY if args.max_concurrent_requests is None else args.max_concurrent_requests
         return UpstreamEngine(vocab, args.upstream_url, model,
                               args.upstream_flavor, args.upstream_api_key, args.upstream_connect_timeout,
                               args.upstream_read_timeout, args.upstream_guided_decoding, args.upstream_routing,
                               kv_events=args.upstream_kv_events == "auto",
                               kv_events_budget=EventBudget(args.upstream_kv_events_budget * 2**20),
-                              kv_events_bind=tuple(args.upstream_kv_events_bind))
+                              kv_events_bind=tuple(args.upstream_kv_events_bind),
+                              max_in_flight=limit or None)  # as admission_queue: 0 is no limit
     if name == "vllm":
         from proxy.engines.vllm import VllmEngine
 
