@@ -2,12 +2,13 @@
 
 - vLLM 0.32 (vllm/entrypoints/openai/completion/protocol.py and serving.py; tests/test_vllm_protocol.py compares
   this fake's stream with the real one's): `return_token_ids` gives ids in `choices[0].token_ids`, the prompt's in
-  the first chunk's `prompt_token_ids`; every choice has `stop_reason` (the stop token id, None for the end token
-  `<|return|>`, which is gpt-oss's EOS); the finish rides on the last token's chunk; the usage chunk carries
-  `system_fingerprint`, and `prompt_tokens_details.cached_tokens` only when vLLM runs with
-  --enable-prompt-tokens-details; unknown request fields are ignored, not refused. `structured_outputs` holds
-  exactly one of json / regex / choice / grammar / json_object / structural_tag, the structural tag as a JSON
-  string.
+  the first chunk's `prompt_token_ids` (both null otherwise); `logprobs: 0` with `return_tokens_as_token_ids` gives
+  `logprobs` with the ids as `token_id:N` in `tokens` (the fake's logprobs are made up); every choice has
+  `stop_reason` (the stop token id, None for the end token `<|return|>`, which is gpt-oss's EOS); the finish rides
+  on the last token's chunk; the usage chunk carries `system_fingerprint`, and `prompt_tokens_details.cached_tokens`
+  only when vLLM runs with --enable-prompt-tokens-details; unknown request fields are ignored, not refused.
+  `structured_outputs` holds exactly one of json / regex / choice / grammar / json_object / structural_tag, the
+  structural tag as a JSON string.
 - SGLang (python/sglang/srt/entrypoints/openai/protocol.py): the same ids; the stop token id in `matched_stop`,
   and in the ids only with `no_stop_trim`; one of `json_schema` (a string), `regex`, `ebnf`, or a
   `response_format` of type `structural_tag`.
@@ -263,7 +264,11 @@ async def _chunks(vocab: Vocab, flavor: str, completion: str, body: dict[str, An
         choice = _choice(vocab, flavor, [token])
         if flavor == "vllm":
             # vLLM: every chunk's choice has stop_reason, the first the prompt's ids (return_token_ids).
-            choice |= {"stop_reason": None, "prompt_token_ids": None if emitted > 1 else body["prompt"]}
+            echo = body.get("return_token_ids") and emitted == 1
+            choice |= {"stop_reason": None, "prompt_token_ids": body["prompt"] if echo else None,
+                       "logprobs": _vllm_logprobs(body, [token])}
+            if not body.get("return_token_ids"):
+                choice["token_ids"] = None
             if held is not None:
                 yield _data(held)
             held = {**head, "choices": [choice]}
@@ -292,6 +297,15 @@ def _choice(vocab: Vocab, flavor: str, tokens: list[int]) -> dict[str, Any]:
     if flavor in ("trtllm", "vllm", "sglang"):
         choice["token_ids"] = tokens
     return choice
+
+
+def _vllm_logprobs(body: dict[str, Any], tokens: list[int]) -> dict[str, Any] | None:
+    """vLLM's completion logprobs (`CompletionLogProbs`) of `tokens`, the sampled token's alone (`logprobs: 0`)."""
+    if body.get("logprobs") is None:
+        return None
+    names = [f"token_id:{token}" if body.get("return_tokens_as_token_ids") else str(token) for token in tokens]
+    return {"text_offset": [0] * len(tokens), "token_logprobs": [-1.0] * len(tokens), "tokens": names,
+            "top_logprobs": [{name: -1.0} for name in names]}
 
 
 def _data(payload: dict[str, Any]) -> bytes:

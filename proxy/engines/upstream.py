@@ -6,7 +6,9 @@ streaming, with special tokens kept and the Harmony stop tokens included in the 
 generated token ids back. Servers ask for token ids differently, and trtllm-serve and Dynamo reject fields
 they do not know, so the request follows the upstream's flavor:
 
-- `vllm` (vLLM, harmony-proxy): `return_token_ids`, ids in `choices[0].token_ids`;
+- `vllm` (vLLM, harmony-proxy): vLLM's token-only `/inference/v1/generate` where a replica serves it, else
+  `logprobs: 0` with `return_tokens_as_token_ids`, ids in `choices[0].logprobs.tokens` (`upstream_generate.py`:
+  `return_token_ids` would echo the whole prompt's ids);
 - `sglang` (SGLang): the same, with `no_stop_trim` (SGLang's name for keeping the stop token);
 - `trtllm` (trtllm-serve): `detokenize: false`, ids in `choices[0].token_ids`;
 - `dynamo` (NVIDIA Dynamo): `nvext.extra_fields: ["completion_token_ids"]`, ids in `nvext.completion_token_ids`.
@@ -34,11 +36,19 @@ from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Ste
 from proxy.engines.kv_events import EventSubscriber, HeldBlocks
 from proxy.engines.routing import Route, Router, make_router
 from proxy.engines.upstream_constraints import GuidedDecoding
+from proxy.engines.upstream_generate import (
+    GENERATE_PATH,
+    IDS_IN_LOGPROBS,
+    TokenEndpoints,
+    generate_body,
+    ids_from_logprobs,
+    server_root,
+)
 
 logger = logging.getLogger("harmony_proxy.engine")
 
 FLAVORS: dict[str, dict[str, Any]] = {
-    "vllm": {"return_token_ids": True, "skip_special_tokens": False, "include_stop_str_in_output": True},
+    "vllm": {**IDS_IN_LOGPROBS, "skip_special_tokens": False, "include_stop_str_in_output": True},
     "sglang": {"return_token_ids": True, "skip_special_tokens": False, "no_stop_trim": True},
     "trtllm": {"detokenize": False, "skip_special_tokens": False, "include_stop_str_in_output": True},
     "dynamo": {
@@ -73,6 +83,7 @@ class UpstreamEngine:
         guided_decoding: str | None = None,
         routing: str = "cache-aware",
         kv_events: bool = True,
+        token_endpoint: bool = True,
     ) -> None:
         if not urls:
             raise ValueError("the upstream engine needs at least one --upstream-url")
@@ -80,6 +91,9 @@ class UpstreamEngine:
         self._urls = [url.rstrip("/") for url in urls]
         self._model = model
         self._fields = FLAVORS[flavor]
+        # vLLM replicas serving /inference/v1/generate get their requests there (`token_endpoint`: tests of the
+        # /v1/completions path turn it off).
+        self._endpoints = TokenEndpoints(self._urls, enabled=flavor == "vllm" and token_endpoint)
         self.guided = GuidedDecoding(flavor, guided_decoding)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=read_timeout)
@@ -101,8 +115,10 @@ class UpstreamEngine:
                              for url, held in zip(self._urls, self._held, strict=False)]
         for subscriber in self._subscribers:
             subscriber.start()
+        self._endpoints.start(self._client)
 
     async def close(self) -> None:
+        await self._endpoints.close()
         for subscriber in self._subscribers:
             await subscriber.close()
         if self._client is not None:
@@ -159,8 +175,9 @@ class UpstreamEngine:
             # In flight from now: a replica queueing prefills has not answered yet, and is busy all the same.
             self.router.sent(route, replica, request.request_id)
             try:
+                target, sent = await self._target(replica, body, request)
                 response = await self._client.send(
-                    self._client.build_request("POST", url + "/completions", json=body,
+                    self._client.build_request("POST", target, json=sent,
                                                headers=request.trace_headers or None), stream=True
                 )
             except httpx.HTTPError as exc:
@@ -188,6 +205,16 @@ class UpstreamEngine:
         raise EngineError(
             "No upstream could take the request: " + "; ".join(problems), status=503, code="upstream_unavailable"
         )
+
+    async def _target(self, replica: int, body: dict[str, Any], request: GenerationRequest,
+                      ) -> tuple[str, dict[str, Any]]:
+        """Where this replica takes the request, and the body it takes there."""
+        url = self._urls[replica]
+        if not await self._endpoints.serves_generate(replica):
+            return url + "/completions", body
+        whole = self.guided.mode in ("xgrammar", "llguidance")
+        return server_root(url) + GENERATE_PATH, generate_body(request, self._model, body.get("structured_outputs"),
+                                                               whole)
 
     async def _steps(self, response: httpx.Response, url: str, request: GenerationRequest) -> AsyncIterator[Step]:
         stops = self._vocab.stop_token_ids
@@ -232,6 +259,11 @@ class UpstreamEngine:
 
     def _tokens(self, choice: dict[str, Any], chunk: dict[str, Any], url: str) -> list[int]:
         tokens = choice.get("token_ids")
+        if tokens is None:
+            try:
+                tokens = ids_from_logprobs(choice)
+            except ValueError:
+                tokens = False  # not ids: refused below
         if tokens is None:
             tokens = (chunk.get("nvext") or {}).get("completion_token_ids")
         if tokens is None:
