@@ -182,3 +182,37 @@ def test_the_fake_streams_what_vllm_streams(serve_app: Callable[[Any], LiveServe
     real, fake = shapes
     assert len(real) == 5 and real[-2][3] == "length"  # 4 tokens, then usage
     assert fake == real
+
+
+def generate_shape(lines: list[str]) -> list[Any]:
+    """A token-only stream's shape: each chunk's keys and its choice's, where the ids and the finish are, the
+    usage's keys."""
+    shape = []
+    for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        choice = chunk["choices"][0] if chunk["choices"] else {}
+        usage = chunk.get("usage") or {}
+        shape.append((sorted(chunk), sorted(choice), len(choice.get("token_ids") or ()), choice.get("finish_reason"),
+                      sorted(usage), sorted(usage.get("prompt_tokens_details") or {})))
+    return shape
+
+
+def test_the_fake_token_only_endpoint_streams_what_vllm_streams(serve_app: Callable[[Any], LiveServer],
+                                                               vocab: Vocab, vllm: VllmServer) -> None:
+    """The same body to the real vLLM's /inference/v1/generate (the session's runs --enable-scale-out) and to the
+    fake's: chunks of the same keys, one id each, the finish on the last token's, no prompt ids, a usage chunk."""
+    prompt = vocab.encode_harmony("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    request = GenerationRequest("shape-1", prompt, SamplingParams(max_tokens=4, stop_token_ids=vocab.stop_token_ids,
+                                                                   seed=5))
+    body = generate_body(request, vllm.model, None, False)
+    fake = serve_app(fake_upstream(vocab, "vllm", ANSWER, token_endpoint="on"))
+    shapes = []
+    for root in (vllm.url, fake.base_url):
+        with httpx.stream("POST", root + "/inference/v1/generate", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            shapes.append(generate_shape(list(response.iter_lines())))
+    real, fake_shape = shapes
+    assert len(real) == 5 and real[3][3] == "length" and real[4][1] == []
+    assert fake_shape == real

@@ -190,6 +190,7 @@ class UpstreamEngine:
             if response.status_code == 200:
                 return response, route, replica
             self.router.finished(route, replica)
+            self._endpoints.refused(replica, response.status_code)
             message = await _error_message(response)
             if response.status_code in _RETRY_STATUSES:
                 problems.append(f"{_public(url)}: HTTP {response.status_code} {message}")

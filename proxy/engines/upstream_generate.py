@@ -73,6 +73,12 @@ class TokenEndpoints:
             found = await self._attempt(replica)
         return bool(found)
 
+    def refused(self, replica: int, status: int) -> None:
+        """A replica answered a request with `status`: one that no longer has the token-only endpoint (restarted
+        without it: 403, 404) is asked again before its next request."""
+        if self._found[replica] and status in (403, 404, 405):
+            self._found[replica] = None
+
     async def _watch(self, replica: int) -> None:
         while await self._attempt(replica) is None:
             await asyncio.sleep(_RETRY_SECONDS)
