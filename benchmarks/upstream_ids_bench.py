@@ -15,14 +15,15 @@ Each way: `--streams` concurrent requests of `--tokens` generated tokens (ignore
 (vLLM's prefix cache holds it after the first round: the figures are the transport's and decoding's, not
 prefill's). Printed per prompt size: bytes received from vLLM per request (counted by a TCP relay,
 tests/byte_relay.py, in a pass of its own), and CPU per generated token of vLLM's API server, vLLM's engine core
-(/proc) and this process (the upstream engine's reading), as the median of `--rounds`, with the ratio to the
-baseline.
+(/proc) and this process (the upstream engine's reading), as the median of `--rounds` (each round takes the
+three ways in turn, so the machine's load weighs on all alike), with the ratio to the baseline.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import statistics
 import sys
@@ -87,33 +88,42 @@ def core_seconds(server: VllmServer) -> float:
     return sum(cpu_seconds(pid) for pid in children(server.process.pid))
 
 
-async def measure(way: str, vocab, server: VllmServer, prompt: list[int], args) -> dict[str, float]:
+async def bytes_received(way: str, vocab, server: VllmServer, prompt: list[int], args) -> float:
+    """Bytes from vLLM per request, counted by a relay in front of it (a pass of its own: the relay costs CPU)."""
     relay = ByteRelay(server.port).start()
-    counted = engine_for(way, vocab, relay.url + "/v1", server.model)
-    await counted.start()
-    try:
-        await run_requests(counted, prompt, 1, args.tokens)  # finds the endpoint; fills the prefix cache
-        before = relay.received
-        await run_requests(counted, prompt, args.streams, args.tokens)
-        received = (relay.received - before) / args.streams
-    finally:
-        await counted.close()
-        relay.stop()
-    engine = engine_for(way, vocab, server.base_url, server.model)
+    engine = engine_for(way, vocab, relay.url + "/v1", server.model)
     await engine.start()
-    rounds = []
     try:
-        await run_requests(engine, prompt, 1, args.tokens)
-        for _ in range(args.rounds):
-            api, engine_core, ours = cpu_seconds(server.process.pid), core_seconds(server), time.process_time()
-            generated = await run_requests(engine, prompt, args.streams, args.tokens)
-            rounds.append({"api": (cpu_seconds(server.process.pid) - api) / generated * 1e6,
-                           "core": (core_seconds(server) - engine_core) / generated * 1e6,
-                           "ours": (time.process_time() - ours) / generated * 1e6})
+        await run_requests(engine, prompt, 1, args.tokens)  # finds the endpoint; fills the prefix cache
+        before = relay.received
+        await run_requests(engine, prompt, args.streams, args.tokens)
+        return (relay.received - before) / args.streams
     finally:
         await engine.close()
-    figures = {name: statistics.median(r[name] for r in rounds) for name in ("api", "core", "ours")}
-    return {"bytes": received, **figures}
+        relay.stop()
+
+
+async def measure(vocab, server: VllmServer, prompt: list[int], args) -> dict[str, dict[str, float]]:
+    """Each way's figures; the CPU rounds take the ways in turn, so a change in the machine's load hits all alike."""
+    received = {way: await bytes_received(way, vocab, server, prompt, args) for way in WAYS}
+    engines = {way: engine_for(way, vocab, server.base_url, server.model) for way in WAYS}
+    rounds: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
+    try:
+        for engine in engines.values():
+            await engine.start()
+            await run_requests(engine, prompt, 1, args.tokens)
+        for _ in range(args.rounds):
+            for way, engine in engines.items():
+                api, core, ours = cpu_seconds(server.process.pid), core_seconds(server), time.process_time()
+                generated = await run_requests(engine, prompt, args.streams, args.tokens)
+                rounds[way].append({"api": (cpu_seconds(server.process.pid) - api) / generated * 1e6,
+                                    "core": (core_seconds(server) - core) / generated * 1e6,
+                                    "ours": (time.process_time() - ours) / generated * 1e6})
+    finally:
+        for engine in engines.values():
+            await engine.close()
+    return {way: {"bytes": received[way], **{name: statistics.median(r[name] for r in rounds[way])
+                                             for name in ("api", "core", "ours")}} for way in WAYS}
 
 
 def table(size: int, results: dict[str, dict[str, float]]) -> None:
@@ -136,6 +146,7 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    logging.getLogger("harmony_proxy.engine").setLevel(logging.ERROR)  # the start-up notices, once per engine
     vocab = load_vocab()
     sizes = [int(size) for size in args.prompt_tokens.split(",")]
     with tempfile.TemporaryDirectory() as folder:
@@ -153,8 +164,7 @@ async def main() -> None:
                 words = " ".join(f"w{n}" for n in range(size))
                 prompt = vocab.encode_harmony(f"<|start|>user<|message|>{words}")[:size - 2]
                 prompt += vocab.encode_harmony("<|end|><|start|>assistant")[-2:]
-                results = {way: await measure(way, vocab, server, prompt, args) for way in WAYS}
-                table(len(prompt), results)
+                table(len(prompt), await measure(vocab, server, prompt, args))
         finally:
             server.stop()
 

@@ -180,7 +180,7 @@ def test_the_fake_streams_what_vllm_streams(serve_app: Callable[[Any], LiveServe
         with httpx.stream("POST", url + "/completions", json={**body, "model": model}, timeout=60) as response:
             shapes.append(stream_shape(list(response.iter_lines())))
     real, fake = shapes
-    assert len(real) == 5 and real[-2][3] == "length"  # 4 tokens, then usage
+    assert len(real) == 5 and real[-2][5] == "length"  # 4 tokens, then usage
     assert fake == real
 
 

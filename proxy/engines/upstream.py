@@ -9,7 +9,8 @@ they do not know, so the request follows the upstream's flavor:
 - `vllm` (vLLM, harmony-proxy): vLLM's token-only `/inference/v1/generate` where a replica serves it, else
   `logprobs: 0` with `return_tokens_as_token_ids`, ids in `choices[0].logprobs.tokens` (`upstream_generate.py`:
   `return_token_ids` would echo the whole prompt's ids);
-- `sglang` (SGLang): the same, with `no_stop_trim` (SGLang's name for keeping the stop token);
+- `sglang` (SGLang): `return_token_ids`, ids in `choices[0].token_ids`, with `no_stop_trim` (SGLang's name for
+  keeping the stop token); SGLang echoes the prompt's ids too, and its OpenAI API has no other way to the ids;
 - `trtllm` (trtllm-serve): `detokenize: false`, ids in `choices[0].token_ids`;
 - `dynamo` (NVIDIA Dynamo): `nvext.extra_fields: ["completion_token_ids"]`, ids in `nvext.completion_token_ids`.
 
