@@ -2,7 +2,9 @@
 
 For benchmark clients (benchmark_serving, aiperf's completions endpoint), and so one harmony-proxy can be the
 upstream of another. vLLM's extensions are accepted: `prompt` as token ids, `return_token_ids`,
-`stop_token_ids`, `skip_special_tokens`, `include_stop_str_in_output`, `ignore_eos`, `min_tokens`, and
+`return_tokens_as_token_ids` (with `logprobs: 0`, the generated ids as `token_id:N` in `logprobs.tokens`, their
+logprobs null: no engine here reports them; how a front harmony-proxy asks for ids), `stop_token_ids`,
+`skip_special_tokens`, `include_stop_str_in_output`, `ignore_eos`, `min_tokens`, and
 `structured_outputs.json`: a JSON Schema for the final answer, enforced as a `response_format` is (reasoning stays
 free), which is what a front harmony-proxy sends its upstream by default (`--upstream-guided-decoding final-json`).
 """
@@ -73,6 +75,7 @@ COMPLETIONS_REQUEST: dict[str, Any] = {
         "min_tokens": {"type": ["integer", "null"], "minimum": 0},
         "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}},
         "return_token_ids": _NULLABLE_BOOL,
+        "return_tokens_as_token_ids": _NULLABLE_BOOL,
         "skip_special_tokens": _NULLABLE_BOOL,
         "spaces_between_special_tokens": _NULLABLE_BOOL,  # no effect: tokens decode without added spaces
         "include_stop_str_in_output": _NULLABLE_BOOL,
@@ -116,7 +119,8 @@ async def completions(request: Request) -> Response:
     failure = None if completion.stopped else outcome.failure()
     if failure is not None:
         raise failure
-    choice = {"index": 0, "text": completion.text, "logprobs": None, **completion.finish(outcome)}
+    choice = {"index": 0, "text": completion.text, "logprobs": completion.logprobs(completion.token_ids),
+              **completion.finish(outcome)}
     if completion.return_token_ids:
         choice["token_ids"] = completion.token_ids
         choice["prompt_token_ids"] = completion.engine_request.prompt_token_ids
@@ -158,6 +162,7 @@ class _Completion:
         self.head = {"id": self.engine_request.request_id, "object": "text_completion", "created": int(time.time()),
                      "model": body["model"]}
         self.return_token_ids = bool(body.get("return_token_ids"))
+        self.ids_in_logprobs = body.get("logprobs") == 0 and bool(body.get("return_tokens_as_token_ids"))
         self._stop_ids = frozenset(sampling.stop_token_ids)
         self._keep_stop = bool(body.get("include_stop_str_in_output"))
         stop = body.get("stop")
@@ -205,6 +210,12 @@ class _Completion:
         self._pieces.append(tail)
         return tail
 
+    def logprobs(self, tokens: list[int]) -> dict[str, Any] | None:
+        """vLLM's `logprobs` of these tokens when asked for their ids there, else None."""
+        if not self.ids_in_logprobs:
+            return None
+        return {"tokens": [f"token_id:{token}" for token in tokens], "token_logprobs": [None] * len(tokens)}
+
     def finish(self, outcome: Outcome) -> dict[str, Any]:
         reason = "stop" if self.stopped else ("length" if outcome.finish_reason == "length" else "stop")
         return {"finish_reason": reason, "stop_reason": self.stop_reason}
@@ -232,6 +243,11 @@ async def _frames(
 
     def chunk(text: str, tokens: list[int]) -> bytes:
         escaped = encode_basestring(text).encode()
+        if completion.ids_in_logprobs:
+            choice = {"index": 0, "text": text, "logprobs": completion.logprobs(tokens), "finish_reason": None}
+            if completion.return_token_ids:
+                choice["token_ids"] = tokens
+            return data_frame(_json({**completion.head, "choices": [choice]}))
         if completion.return_token_ids:
             return b"%s%s,\"token_ids\":[%s%s" % (before, escaped, ",".join(map(str, tokens)).encode(), ids_after)
         return before + escaped + after
@@ -252,7 +268,8 @@ async def _frames(
         if failure is not None:
             end = data_frame(json.dumps(failure.body()))
         else:
-            choice: dict[str, Any] = {"index": 0, "text": tail, "logprobs": None, **completion.finish(outcome)}
+            choice: dict[str, Any] = {"index": 0, "text": tail, "logprobs": completion.logprobs([]),
+                                      **completion.finish(outcome)}
             if completion.return_token_ids:
                 choice["token_ids"] = []
             end = data_frame(_json({**completion.head, "choices": [choice], **usage}))

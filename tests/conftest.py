@@ -100,7 +100,10 @@ def folders_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 # What docs/upstream.md tells users to start vLLM with: usage's cached_tokens, and the grammar backend of
 # `--upstream-guided-decoding xgrammar` (vLLM runs one backend, chosen by the first constrained request under "auto").
-VLLM_FLAGS = ("--enable-prompt-tokens-details", "--structured-outputs-config.backend", "xgrammar")
+# --enable-scale-out: vLLM serves its token-only /inference/v1/generate (which harmony-proxy uses) beside
+# /v1/completions, so one vLLM serves the tests of both paths.
+VLLM_FLAGS = ("--enable-prompt-tokens-details", "--structured-outputs-config.backend", "xgrammar",
+              "--enable-scale-out")
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,20 @@
 
 - vLLM 0.32 (vllm/entrypoints/openai/completion/protocol.py and serving.py; tests/test_vllm_protocol.py compares
   this fake's stream with the real one's): `return_token_ids` gives ids in `choices[0].token_ids`, the prompt's in
-  the first chunk's `prompt_token_ids`; every choice has `stop_reason` (the stop token id, None for the end token
-  `<|return|>`, which is gpt-oss's EOS); the finish rides on the last token's chunk; the usage chunk carries
-  `system_fingerprint`, and `prompt_tokens_details.cached_tokens` only when vLLM runs with
-  --enable-prompt-tokens-details; unknown request fields are ignored, not refused. `structured_outputs` holds
-  exactly one of json / regex / choice / grammar / json_object / structural_tag, the structural tag as a JSON
-  string.
+  the first chunk's `prompt_token_ids` (both null otherwise); `logprobs: 0` with `return_tokens_as_token_ids` gives
+  `logprobs` with the ids as `token_id:N` in `tokens` (the fake's logprobs are made up); every choice has
+  `stop_reason` (the stop token id, None for the end token `<|return|>`, which is gpt-oss's EOS); the finish rides
+  on the last token's chunk; the usage chunk carries `system_fingerprint`, and `prompt_tokens_details.cached_tokens`
+  only when vLLM runs with --enable-prompt-tokens-details; unknown request fields are ignored, not refused.
+  `structured_outputs` holds exactly one of json / regex / choice / grammar / json_object / structural_tag, the
+  structural tag as a JSON string.
+- vLLM's token-only `/inference/v1/generate` (vllm/entrypoints/scale_out/token_in_token_out/; `token_endpoint`:
+  "on" serves it, "off" answers 403 as vLLM without --enable-scale-out does, "loading" 503, None has no such
+  route; `app.state.probes` counts the empty bodies it was sent): a body without
+  `token_ids` is a 400 naming it; `sampling_params` carry the limits, stop token ids and `structured_outputs`; each
+  chunk has `request_id`, `usage` (null), `output_mode` and one choice of `token_ids`, `finish_reason` and
+  `stop_reason` (the finish on the last token's chunk), then a usage chunk with no choices; never the prompt's ids
+  unless `return_token_ids`. tests/test_vllm_protocol.py compares its stream with the real one's.
 - SGLang (python/sglang/srt/entrypoints/openai/protocol.py): the same ids; the stop token id in `matched_stop`,
   and in the ids only with `no_stop_trim`; one of `json_schema` (a string), `regex`, `ebnf`, or a
   `response_format` of type `structural_tag`.
@@ -64,7 +72,7 @@ class Refusal(Exception):
 
 
 def fake_upstream(vocab: Vocab, flavor: str, completion: str, api_key: str | None = None,
-                  fail_after: int | None = None) -> Starlette:
+                  fail_after: int | None = None, token_endpoint: str | None = None) -> Starlette:
     seen: list[dict[str, Any]] = []
 
     async def completions(request: Request) -> Response:
@@ -86,7 +94,33 @@ def fake_upstream(vocab: Vocab, flavor: str, completion: str, api_key: str | Non
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "gpt-oss", "object": "model"}]})
 
-    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models)])
+    async def generate(request: Request) -> Response:
+        app.state.probes += request.headers.get("content-length") == "2"  # `{}`: the upstream engine asking
+        if app.state.token_endpoint == "loading":
+            return JSONResponse({"error": {"message": "not ready", "code": 503}}, 503)
+        if app.state.token_endpoint == "off":
+            return JSONResponse({"error": {"message": "Scale-out endpoints are disabled. Restart vllm serve with "
+                                           "--enable-scale-out to enable them.", "type": "PermissionDeniedError",
+                                           "param": None, "code": 403}}, 403)
+        body = await request.json()
+        if not body.get("token_ids") or not isinstance(body.get("sampling_params"), dict):
+            return JSONResponse({"error": {"message": "1 validation error: body.token_ids: Field required",
+                                           "type": "Bad Request", "param": "body.token_ids", "code": 400}}, 400)
+        seen.append(body)
+        try:
+            _check_constraint(vocab, "vllm", {"structured_outputs": body["sampling_params"].get("structured_outputs")},
+                              completion)
+        except Refusal as refusal:
+            return JSONResponse({"error": {"message": refusal.message, "type": "BadRequestError", "param": None,
+                                           "code": refusal.status}}, refusal.status)
+        return StreamingResponse(_generate_chunks(vocab, completion, body), media_type="text/event-stream")
+
+    routes = [Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models)]
+    if token_endpoint is not None:
+        routes.append(Route("/inference/v1/generate", generate, methods=["POST"]))
+    app = Starlette(routes=routes)
+    app.state.token_endpoint = token_endpoint  # a test may turn it "off" (a replica restarted without it)
+    app.state.probes = 0
     app.state.seen = seen
     return app
 
@@ -263,7 +297,11 @@ async def _chunks(vocab: Vocab, flavor: str, completion: str, body: dict[str, An
         choice = _choice(vocab, flavor, [token])
         if flavor == "vllm":
             # vLLM: every chunk's choice has stop_reason, the first the prompt's ids (return_token_ids).
-            choice |= {"stop_reason": None, "prompt_token_ids": None if emitted > 1 else body["prompt"]}
+            echo = body.get("return_token_ids") and emitted == 1
+            choice |= {"stop_reason": None, "prompt_token_ids": body["prompt"] if echo else None,
+                       "logprobs": _vllm_logprobs(body, [token])}
+            if not body.get("return_token_ids"):
+                choice["token_ids"] = None
             if held is not None:
                 yield _data(held)
             held = {**head, "choices": [choice]}
@@ -292,6 +330,40 @@ def _choice(vocab: Vocab, flavor: str, tokens: list[int]) -> dict[str, Any]:
     if flavor in ("trtllm", "vllm", "sglang"):
         choice["token_ids"] = tokens
     return choice
+
+
+async def _generate_chunks(vocab: Vocab, completion: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    sampling = body["sampling_params"]
+    stops = set(sampling.get("stop_token_ids") or ())
+    head = {"request_id": f"generate-tokens-{body.get('request_id', '1')}", "usage": None, "output_mode": "tokens"}
+    emitted, chunks = 0, []
+    for token in vocab.encode_harmony(completion)[:sampling.get("max_tokens", 16)]:
+        emitted += 1
+        stop = token in stops and not sampling.get("ignore_eos")
+        finish = "stop" if stop else ("length" if emitted == sampling.get("max_tokens", 16) else None)
+        chunks.append({**head, "choices": [{"index": 0, "finish_reason": finish,
+                                            "stop_reason": token if stop and token != vocab.special.return_ else None,
+                                            "token_ids": [token], "routed_experts": None, "sampling_mask": None,
+                                            "weight_versions": None, "logprobs": None}]})
+        if stop:
+            break
+    if body.get("return_token_ids") and chunks:
+        chunks[0]["prompt_token_ids"] = body["token_ids"]
+    for chunk in chunks:
+        yield _data(chunk)
+    usage = {"prompt_tokens": len(body["token_ids"]), "total_tokens": len(body["token_ids"]) + emitted,
+             "completion_tokens": emitted, "prompt_tokens_details": {"cached_tokens": 64}}
+    yield _data({"request_id": head["request_id"], "usage": usage, "output_mode": "tokens", "choices": []})
+    yield b"data: [DONE]\n\n"
+
+
+def _vllm_logprobs(body: dict[str, Any], tokens: list[int]) -> dict[str, Any] | None:
+    """vLLM's completion logprobs (`CompletionLogProbs`) of `tokens`, the sampled token's alone (`logprobs: 0`)."""
+    if body.get("logprobs") is None:
+        return None
+    names = [f"token_id:{token}" if body.get("return_tokens_as_token_ids") else str(token) for token in tokens]
+    return {"text_offset": [0] * len(tokens), "token_logprobs": [-1.0] * len(tokens), "tokens": names,
+            "top_logprobs": [{name: -1.0} for name in names]}
 
 
 def _data(payload: dict[str, Any]) -> bytes:

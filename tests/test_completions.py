@@ -58,6 +58,27 @@ def test_streaming_matches_non_streaming(serve: Callable[..., LiveServer], vocab
     assert "".join(c.choices[0].text for c in openai_stream if c.choices) == "final日本語 🧪 ok"
 
 
+def test_ids_in_logprobs_as_vllm_writes_them(serve: Callable[..., LiveServer], vocab: Any) -> None:
+    """`logprobs: 0` with `return_tokens_as_token_ids`: the generated ids as `token_id:N` in `logprobs.tokens`, in
+    every chunk and in the whole answer, and no prompt ids (how a front harmony-proxy asks its upstream)."""
+    server = serve(completions=[ANSWER])
+    full = vocab.encode_harmony(ANSWER)
+    fields = {"prompt": [1, 2, 3], "max_tokens": 100, "logprobs": 0, "return_tokens_as_token_ids": True}
+    whole = post(server, **fields).json()["choices"][0]
+    assert whole["logprobs"] == {"tokens": [f"token_id:{t}" for t in full], "token_logprobs": [None] * len(full)}
+    assert "token_ids" not in whole and "prompt_token_ids" not in whole
+    with httpx.stream("POST", server.base_url + "/v1/completions", timeout=30,
+                      json={"model": MODEL, **fields, "stream": True}) as response:
+        payloads = sse_payloads(response)
+    choices = [json.loads(p)["choices"][0] for p in payloads[:-1]]
+    streamed = [token for choice in choices for token in choice["logprobs"]["tokens"]]
+    assert streamed == whole["logprobs"]["tokens"]
+    assert not any("token_ids" in choice or "prompt_token_ids" in choice for choice in choices)
+    assert "".join(choice["text"] for choice in choices) == whole["text"]
+    plain = post(server, prompt=[1], max_tokens=100, logprobs=0).json()["choices"][0]
+    assert plain["logprobs"] is None  # no engine here reports logprobs; only the ids were asked for
+
+
 def test_limits_stop_strings_and_stop_token_ids(serve: Callable[..., LiveServer], vocab: Any) -> None:
     engine = Recording(scripted_engine(vocab, [ANSWER]))
     server = serve(engine=engine)

@@ -2,7 +2,9 @@
 the vLLM flags docs/upstream.md gives; and `/ready` while a vLLM loads and after it dies.
 
 The tiny gpt-oss writes noise (tests/vllm_server.py), so a valid call or JSON answer can only come from the grammar
-reaching vLLM's sampler. vLLM runs one grammar backend per process, picked by its first constrained request under
+reaching vLLM's sampler. The session's vLLM serves its token-only endpoint (`--enable-scale-out`), where
+harmony-proxy sends the xgrammar and final-json cases; the guidance vLLM does not, and gets the llguidance cases on
+`/v1/completions`. vLLM runs one grammar backend per process, picked by its first constrained request under
 its default `auto`: the session's vLLM runs xgrammar, and this module starts a second one with guidance (llguidance),
 which also serves the readiness test (its load observed, its death last in this module).
 
@@ -161,6 +163,9 @@ def test_llguidance_mode(guidance: dict[str, Any]) -> None:
     llguidance`: the whole completion's Lark grammar, custom tools' Lark grammars included."""
     client = client_for(guidance["proxy"])
     check_function_calls(client, guidance["vllm"], ("add_note", "set_alarm"))
+    # This vLLM runs without --enable-scale-out: its token-only endpoint answers 403, the requests went to
+    # /v1/completions (the session's vLLM, which has it, enforces the same through /inference/v1/generate).
+    assert guidance["proxy"].engine._endpoints.known(0) is False
     check_json_answers(client)
     assert re.fullmatch("[0-9]{4}", custom_input(client, PIN))
     for _ in range(2):

@@ -1,6 +1,7 @@
 """The `vllm` flavor against vLLM's own protocol: every request field we send is one vLLM 0.32's `CompletionRequest`
-declares and carries into its `SamplingParams` (vLLM accepts unknown fields silently, so drift would not show as an
-error), and our fake vLLM (tests/fake_upstreams.py) streams what the real one streams, field for field."""
+(or, to its token-only endpoint, `GenerateRequest`) declares and carries into its `SamplingParams` (vLLM accepts
+unknown fields silently, so drift would not show as an error), and our fake vLLM (tests/fake_upstreams.py) streams
+what the real one streams, field for field."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import httpx
 import pytest
 
 from parsers.vocab import Vocab
+from proxy.engines.base import GenerationRequest, OutputConstraint, SamplingParams
 from proxy.engines.upstream import FLAVORS, UpstreamEngine
+from proxy.engines.upstream_generate import generate_body
 from tests.conftest import MODEL, LiveServer
 from tests.fake_upstreams import fake_upstream
 from tests.test_e2e_chat import ANSWER, CALL, WEATHER, client_for
@@ -34,7 +37,8 @@ for body in json.load(sys.stdin):
     out.append({
         "undeclared": sorted(set(body) - declared),
         "prompt": request.prompt, "stream": request.stream, "include_usage": request.stream_options.include_usage,
-        "return_token_ids": request.return_token_ids,
+        "return_token_ids": request.return_token_ids, "logprobs": request.logprobs,
+        "return_tokens_as_token_ids": request.return_tokens_as_token_ids,
         "sampling": {name: getattr(params, name) for name in ("max_tokens", "stop_token_ids", "temperature", "top_p",
                      "seed", "min_tokens", "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")},
         "guided": None if guided is None else {name: getattr(guided, name) for name in
@@ -72,7 +76,8 @@ def test_every_field_we_send_is_one_vllm_reads(serve: Callable[..., LiveServer],
     for body, vllm in zip(bodies, read, strict=True):
         assert vllm["undeclared"] == [], f"fields vLLM 0.32 does not declare (it would ignore them): {vllm}"
         assert vllm["prompt"] == body["prompt"] and vllm["stream"] is True and vllm["include_usage"] is True
-        assert vllm["return_token_ids"] is True
+        # The generated ids in logprobs, never `return_token_ids` (which echoes the prompt's ids).
+        assert vllm["return_token_ids"] is None and vllm["logprobs"] == 0 and vllm["return_tokens_as_token_ids"]
         sampling = vllm["sampling"]
         assert sampling["stop_token_ids"] == body["stop_token_ids"] == list(vocab.stop_token_ids)
         assert sampling["include_stop_str_in_output"] is True and sampling["skip_special_tokens"] is False
@@ -88,6 +93,62 @@ def test_every_field_we_send_is_one_vllm_reads(serve: Callable[..., LiveServer],
     assert guided[3]["grammar"] == bodies[3]["structured_outputs"]["grammar"] and "<|call|>" in guided[3]["grammar"]
 
 
+# Run by vLLM's Python: each token-only body through vLLM's own GenerateRequest.
+READ_GENERATE_BODIES = """
+import json, sys
+from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
+from vllm.sampling_params import SamplingParams
+declared = set(GenerateRequest.model_fields)
+out = []
+for body in json.load(sys.stdin):
+    request = GenerateRequest.model_validate(body)
+    params = request.sampling_params
+    guided = params.structured_outputs
+    out.append({
+        "undeclared": sorted(set(body) - declared),
+        "unknown_sampling": sorted(set(body["sampling_params"]) - set(SamplingParams.__struct_fields__)),
+        "token_ids": request.token_ids, "request_id": request.request_id, "stream": request.stream,
+        "include_usage": request.stream_options.include_usage, "return_token_ids": request.return_token_ids,
+        "reasoning_ended": request.reasoning_ended, "output_mode": request.output_mode,
+        "sampling": {name: getattr(params, name) for name in ("max_tokens", "stop_token_ids", "temperature", "top_p",
+                     "seed", "min_tokens", "ignore_eos", "detokenize")},
+        "guided": None if guided is None else {name: getattr(guided, name) for name in
+                                                ("json", "grammar", "structural_tag")},
+    })
+print(json.dumps(out))
+"""
+
+
+def test_every_field_we_send_to_the_token_only_endpoint_is_one_vllm_reads(
+        serve: Callable[..., LiveServer], serve_app: Callable[[Any], LiveServer], vocab: Vocab) -> None:
+    """The token-only bodies of the same requests: the same sampling, stop tokens and constraint, no detokenizing,
+    no prompt ids back; a whole-completion grammar applies from the first token (`reasoning_ended`)."""
+    completions = bodies_we_send(serve, serve_app, vocab)
+    bodies = []
+    for body, whole in zip(completions, (False, False, True, True), strict=True):
+        fields = {name: body[name] for name in ("max_tokens", "temperature", "top_p", "seed") if name in body}
+        request = GenerationRequest(f"req-{len(bodies)}", body["prompt"], SamplingParams(
+            stop_token_ids=tuple(body["stop_token_ids"]), **fields), OutputConstraint())
+        bodies.append(generate_body(request, MODEL, body.get("structured_outputs"), whole))
+    read = json.loads(subprocess.run([str(vllm_python()), "-c", READ_GENERATE_BODIES], input=json.dumps(bodies),
+                                     text=True, capture_output=True, check=True, timeout=300).stdout.splitlines()[-1])
+    for body, sent, vllm in zip(completions, bodies, read, strict=True):
+        assert vllm["undeclared"] == [] and vllm["unknown_sampling"] == [], vllm
+        assert vllm["token_ids"] == body["prompt"] and vllm["stream"] is True and vllm["include_usage"] is True
+        assert vllm["return_token_ids"] is None and vllm["output_mode"] == "tokens"
+        assert vllm["request_id"] == sent["request_id"]
+        sampling = vllm["sampling"]
+        assert sampling["stop_token_ids"] == list(vocab.stop_token_ids) and sampling["detokenize"] is False
+        for name in ("max_tokens", "temperature", "top_p", "seed"):
+            if name in body:
+                assert sampling[name] == body[name], name
+    assert read[0]["guided"] is None and read[0]["reasoning_ended"] is None
+    assert read[1]["guided"]["json"] == {"type": "object"} and read[1]["reasoning_ended"] is None
+    assert json.loads(read[2]["guided"]["structural_tag"])["type"] == "structural_tag"
+    assert read[3]["guided"]["grammar"] == completions[3]["structured_outputs"]["grammar"]
+    assert read[2]["reasoning_ended"] is True and read[3]["reasoning_ended"] is True
+
+
 def stream_shape(lines: list[str]) -> list[Any]:
     """A completion stream's shape: each chunk's keys and its choice's keys, where the finish and the ids are."""
     shape = []
@@ -96,7 +157,9 @@ def stream_shape(lines: list[str]) -> list[Any]:
             continue
         chunk = json.loads(line[6:])
         choice = chunk["choices"][0] if chunk["choices"] else {}
-        shape.append((sorted(chunk), sorted(choice), bool(choice.get("token_ids")),
+        logprobs = choice.get("logprobs") or {}
+        shape.append((sorted(chunk), sorted(choice), bool(choice.get("token_ids")), sorted(logprobs),
+                      [token.partition(":")[0] for token in logprobs.get("tokens", ())],
                       choice.get("finish_reason"), choice.get("prompt_token_ids") is not None,
                       sorted(chunk.get("usage") or {}), sorted((chunk.get("usage") or {}).get("prompt_tokens_details")
                                                                or {})))
@@ -106,7 +169,8 @@ def stream_shape(lines: list[str]) -> list[Any]:
 def test_the_fake_streams_what_vllm_streams(serve_app: Callable[[Any], LiveServer], vocab: Vocab,
                                            vllm: VllmServer) -> None:
     """The same body to the real vLLM and to the fake: chunks of the same keys, the finish on the last token's chunk,
-    the prompt's ids in the first, a usage chunk (cached_tokens: vLLM runs with --enable-prompt-tokens-details)."""
+    the generated ids in logprobs and no prompt ids, a usage chunk (cached_tokens: vLLM runs with
+    --enable-prompt-tokens-details)."""
     prompt = vocab.encode_harmony("<|start|>user<|message|>Hi<|end|><|start|>assistant")
     body = {"prompt": prompt, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True},
             "stop_token_ids": list(vocab.stop_token_ids), "seed": 5, **FLAVORS["vllm"]}
@@ -116,5 +180,39 @@ def test_the_fake_streams_what_vllm_streams(serve_app: Callable[[Any], LiveServe
         with httpx.stream("POST", url + "/completions", json={**body, "model": model}, timeout=60) as response:
             shapes.append(stream_shape(list(response.iter_lines())))
     real, fake = shapes
-    assert len(real) == 5 and real[-2][3] == "length"  # 4 tokens, then usage
+    assert len(real) == 5 and real[-2][5] == "length"  # 4 tokens, then usage
     assert fake == real
+
+
+def generate_shape(lines: list[str]) -> list[Any]:
+    """A token-only stream's shape: each chunk's keys and its choice's, where the ids and the finish are, the
+    usage's keys."""
+    shape = []
+    for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        choice = chunk["choices"][0] if chunk["choices"] else {}
+        usage = chunk.get("usage") or {}
+        shape.append((sorted(chunk), sorted(choice), len(choice.get("token_ids") or ()), choice.get("finish_reason"),
+                      sorted(usage), sorted(usage.get("prompt_tokens_details") or {})))
+    return shape
+
+
+def test_the_fake_token_only_endpoint_streams_what_vllm_streams(serve_app: Callable[[Any], LiveServer],
+                                                               vocab: Vocab, vllm: VllmServer) -> None:
+    """The same body to the real vLLM's /inference/v1/generate (the session's runs --enable-scale-out) and to the
+    fake's: chunks of the same keys, one id each, the finish on the last token's, no prompt ids, a usage chunk."""
+    prompt = vocab.encode_harmony("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    request = GenerationRequest("shape-1", prompt, SamplingParams(max_tokens=4, stop_token_ids=vocab.stop_token_ids,
+                                                                   seed=5))
+    body = generate_body(request, vllm.model, None, False)
+    fake = serve_app(fake_upstream(vocab, "vllm", ANSWER, token_endpoint="on"))
+    shapes = []
+    for root in (vllm.url, fake.base_url):
+        with httpx.stream("POST", root + "/inference/v1/generate", json=body, timeout=60) as response:
+            assert response.status_code == 200
+            shapes.append(generate_shape(list(response.iter_lines())))
+    real, fake_shape = shapes
+    assert len(real) == 5 and real[3][3] == "length" and real[4][1] == []
+    assert fake_shape == real

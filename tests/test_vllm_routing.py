@@ -3,6 +3,8 @@
 Two real replicas (the session's vLLM and one more, tests/vllm_server.py), both publishing KV-cache events on a ZMQ
 port (`--kv-events-config`, found by harmony-proxy through `/kv_event_sources`), behind harmony-proxy's upstream
 engine. The block view the router builds from the events must match what vLLM's own prefix-cache counters say.
+The second replica runs `--tokens-only` (vLLM's token-only endpoint alone, no tokenizer), the session's
+`--enable-scale-out`: harmony-proxy finds `/inference/v1/generate` on both and sends its requests there.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ HITS = "vllm:prefix_cache_hits_total"
 @pytest.fixture(scope="module")
 def replicas(vllm: VllmServer, tiny_gpt_oss: Path, tmp_path_factory: pytest.TempPathFactory,
              ) -> Iterator[list[VllmServer]]:
-    """A second replica (first in the list), with vLLM's development endpoints (POST /reset_prefix_cache)."""
+    """A second replica (first in the list), `--tokens-only`, with vLLM's development endpoints (POST
+    /reset_prefix_cache)."""
     log = tmp_path_factory.mktemp("vllm-replica") / "vllm.log"
     previous = os.environ.get("VLLM_SERVER_DEV_MODE")
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"
     try:
-        server = start_vllm(tiny_gpt_oss, kv_event_flags(free_port()), log_path=log)
+        server = start_vllm(tiny_gpt_oss, ("--tokens-only", *kv_event_flags(free_port())), log_path=log)
         second = server.__enter__()
     finally:
         if previous is None:
@@ -68,6 +71,7 @@ def test_the_router_sees_what_each_real_replica_holds(replicas: list[VllmServer]
     proxy = serve(engine=recording, served_model_name=replicas[0].model)
     subscribers = engine._subscribers
     wait_for(lambda: all(subscriber.publishers is not None for subscriber in subscribers))
+    wait_for(lambda: engine._endpoints.known(0) and engine._endpoints.known(1))  # both serve the token-only endpoint
     time.sleep(1.0)  # ZMQ delivers only what is published after a subscription joins
     held = [subscriber.view for subscriber in subscribers]
     # Each view is bounded by what its replica's cache holds, as vLLM's own /metrics says (num_gpu_blocks).
@@ -98,8 +102,9 @@ def test_the_router_sees_what_each_real_replica_holds(replicas: list[VllmServer]
     # The replica drops its cache. vLLM publishes AllBlocksCleared with its next step's events (an idle engine
     # publishes nothing): after one more request the router no longer believes it holds the conversation.
     httpx.post(replicas[0].url + "/reset_prefix_cache", timeout=30).raise_for_status()
-    httpx.post(replicas[0].base_url + "/completions", timeout=120, json={
-        "model": replicas[0].model, "prompt": list(range(1000, 1300)), "max_tokens": 1}).raise_for_status()
+    httpx.post(replicas[0].url + "/inference/v1/generate", timeout=120, json={
+        "model": replicas[0].model, "token_ids": list(range(1000, 1300)),
+        "sampling_params": {"max_tokens": 1}}).raise_for_status()
     wait_for(lambda: held[0].matched_tokens(chained_keys(prompt, size)) == 0)
     assert held[0].matched_tokens(chained_keys(list(range(1000, 1300)), size)) == 2 * size
 
@@ -112,4 +117,6 @@ def test_a_replica_publishing_nothing_is_routed_on_what_was_sent(vllm: VllmServe
     wait_for(lambda: engine._subscribers[0].publishers is not None)
     wait_for(lambda: engine._subscribers[1]._task.done(), timeout=10)  # it asked once, and was told 404
     assert engine._subscribers[1].publishers is None
+    wait_for(lambda: None not in (engine._endpoints.known(0), engine._endpoints.known(1)))
+    assert engine._endpoints.known(0) is True and engine._endpoints.known(1) is False  # harmony-proxy: 404
     assert json.loads(httpx.get(vllm.url + "/kv_event_sources", timeout=10).text)["0"]["enable_kv_cache_events"]

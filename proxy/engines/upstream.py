@@ -6,8 +6,11 @@ streaming, with special tokens kept and the Harmony stop tokens included in the 
 generated token ids back. Servers ask for token ids differently, and trtllm-serve and Dynamo reject fields
 they do not know, so the request follows the upstream's flavor:
 
-- `vllm` (vLLM, harmony-proxy): `return_token_ids`, ids in `choices[0].token_ids`;
-- `sglang` (SGLang): the same, with `no_stop_trim` (SGLang's name for keeping the stop token);
+- `vllm` (vLLM, harmony-proxy): vLLM's token-only `/inference/v1/generate` where a replica serves it, else
+  `logprobs: 0` with `return_tokens_as_token_ids`, ids in `choices[0].logprobs.tokens` (`upstream_generate.py`:
+  `return_token_ids` would echo the whole prompt's ids);
+- `sglang` (SGLang): `return_token_ids`, ids in `choices[0].token_ids`, with `no_stop_trim` (SGLang's name for
+  keeping the stop token); SGLang echoes the prompt's ids too, and its OpenAI API has no other way to the ids;
 - `trtllm` (trtllm-serve): `detokenize: false`, ids in `choices[0].token_ids`;
 - `dynamo` (NVIDIA Dynamo): `nvext.extra_fields: ["completion_token_ids"]`, ids in `nvext.completion_token_ids`.
 
@@ -42,12 +45,20 @@ from proxy.engines.kv_subscriber import EventBudget, EventCounts, EventSubscribe
 from proxy.engines.routing import Route, Router, make_router
 from proxy.engines.upstream_chunks import Choice, Chunk, ChunkError, EventReader, UpstreamFailed, decode, error_text
 from proxy.engines.upstream_constraints import GuidedDecoding
+from proxy.engines.upstream_generate import (
+    GENERATE_PATH,
+    IDS_IN_LOGPROBS,
+    TokenEndpoints,
+    generate_body,
+    ids_from_logprobs,
+    server_root,
+)
 from proxy.engines.upstream_http import ConnectionPool, Origin, StreamEnded, UpstreamConnection, UpstreamHTTPError
 
 logger = logging.getLogger("harmony_proxy.engine")
 
 FLAVORS: dict[str, dict[str, Any]] = {
-    "vllm": {"return_token_ids": True, "skip_special_tokens": False, "include_stop_str_in_output": True},
+    "vllm": {**IDS_IN_LOGPROBS, "skip_special_tokens": False, "include_stop_str_in_output": True},
     "sglang": {"return_token_ids": True, "skip_special_tokens": False, "no_stop_trim": True},
     "trtllm": {"detokenize": False, "skip_special_tokens": False, "include_stop_str_in_output": True},
     "dynamo": {
@@ -85,6 +96,7 @@ class UpstreamEngine:
         kv_events_budget: EventBudget | None = None,
         kv_events_bind: tuple[str, ...] = (),
         max_in_flight: int | None = None,
+        token_endpoint: bool = True,
     ) -> None:
         """`max_in_flight`: the requests admission lets run at once (None: no limit); it sizes what the pool of
         connections keeps per replica. Requests never wait for a connection."""
@@ -93,8 +105,12 @@ class UpstreamEngine:
         self._vocab = vocab
         self._urls = [url.rstrip("/") for url in urls]
         self._origins = [Origin(url) for url in self._urls]
+        self._roots = [Origin(server_root(url)) for url in self._urls]  # where vLLM serves /inference/v1/generate
         self._model = model
         self._fields = FLAVORS[flavor]
+        # vLLM replicas serving /inference/v1/generate get their requests there (`token_endpoint`: tests of the
+        # /v1/completions path turn it off).
+        self._endpoints = TokenEndpoints(self._urls, enabled=flavor == "vllm" and token_endpoint)
         self.guided = GuidedDecoding(flavor, guided_decoding)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # httpx only for probes and the KV-event sources: a handful of connections, never waited for long.
@@ -123,6 +139,7 @@ class UpstreamEngine:
                              for url, held in zip(self._urls, self._held, strict=False)]
         for subscriber in self._subscribers:
             subscriber.start()
+        self._endpoints.start(self._client)
 
     def kv_event_counts(self) -> dict[str, tuple[EventCounts, int]]:
         """Per replica (with several, each followed for its KV-cache events): what became of its events, and the
@@ -131,6 +148,7 @@ class UpstreamEngine:
                 for url, subscriber in zip(self._urls, self._subscribers, strict=False)}
 
     async def close(self) -> None:
+        await self._endpoints.close()
         for subscriber in self._subscribers:
             await subscriber.close()
         if self.pool is not None:
@@ -147,7 +165,7 @@ class UpstreamEngine:
             )
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
-        response, route, replica = await self._open(msgspec.json.encode(self._body(request)), request)
+        response, route, replica = await self._open(self._body(request), request)
         url = self._urls[replica]
         try:
             async for step in self._steps(response, url, request):
@@ -177,7 +195,7 @@ class UpstreamEngine:
             **guided,
         }
 
-    async def _open(self, body: bytes, request: GenerationRequest) -> tuple[UpstreamConnection, Route, int]:
+    async def _open(self, body: dict[str, Any], request: GenerationRequest) -> tuple[UpstreamConnection, Route, int]:
         """Send to the replica the router picks; fail over to the others, in its order, while nothing has been
         received. Returns the open stream, the routing decision and the replica's index."""
         if self.pool is None:
@@ -189,7 +207,8 @@ class UpstreamEngine:
             # In flight from now: a replica queueing prefills has not answered yet, and is busy all the same.
             self.router.sent(route, replica, request.request_id)
             try:
-                response = await self.pool.post(self._origins[replica], "/completions", body, request.trace_headers)
+                origin, path, sent = await self._target(replica, body, request)
+                response = await self.pool.post(origin, path, msgspec.json.encode(sent), request.trace_headers)
             except UpstreamHTTPError as exc:
                 self.router.finished(route, replica)
                 problems.append(f"{_public(url)}: {exc}")
@@ -200,6 +219,7 @@ class UpstreamEngine:
             if response.status == 200:
                 return response, route, replica
             self.router.finished(route, replica)
+            self._endpoints.refused(replica, response.status)
             message = await _error_message(response)
             if response.status in _RETRY_STATUSES:
                 problems.append(f"{_public(url)}: HTTP {response.status} {message}")
@@ -215,6 +235,15 @@ class UpstreamEngine:
         raise EngineError(
             "No upstream could take the request: " + "; ".join(problems), status=503, code="upstream_unavailable"
         )
+
+    async def _target(self, replica: int, body: dict[str, Any], request: GenerationRequest,
+                      ) -> tuple[Origin, str, dict[str, Any]]:
+        """Where this replica takes the request (its origin and path), and the body it takes there."""
+        if not await self._endpoints.serves_generate(replica):
+            return self._origins[replica], "/completions", body
+        whole = self.guided.mode in ("xgrammar", "llguidance")
+        return self._roots[replica], GENERATE_PATH, generate_body(request, self._model, body.get("structured_outputs"),
+                                                                  whole)
 
     async def _steps(self, response: UpstreamConnection, url: str,
                      request: GenerationRequest) -> AsyncIterator[Step]:
@@ -245,7 +274,7 @@ class UpstreamEngine:
                     usage = chunk.usage
                 for choice in chunk.choices or ():
                     tokens = choice.token_ids
-                    step += tokens if tokens is not None else self._untokenized(choice, chunk)
+                    step += tokens if tokens is not None else self._untokenized(choice, chunk, url)
                     if choice.finish_reason:
                         finish = _FINISH.get(choice.finish_reason, "error")
                         stop_reason = choice.stop
@@ -273,8 +302,15 @@ class UpstreamEngine:
                 restored = [self._vocab.special.return_]  # the end token, which servers may leave out
         yield Step(restored, finish, self._usage(usage, request, generated + len(restored)))
 
-    def _untokenized(self, choice: Choice, chunk: Chunk) -> list[int]:
-        """A choice without `token_ids`: Dynamo's ids, else its text encoded (special tokens allowed)."""
+    def _untokenized(self, choice: Choice, chunk: Chunk, url: str) -> list[int]:
+        """A choice without `token_ids`: the ids in its logprobs (vLLM's `return_tokens_as_token_ids`), Dynamo's
+        ids, else its text encoded (special tokens allowed)."""
+        if choice.logprobs is not None and choice.logprobs.tokens is not None:
+            try:
+                return ids_from_logprobs(choice.logprobs.tokens)
+            except ValueError:
+                raise EngineError(f"The upstream {_public(url)} sent invalid token ids.", status=502,
+                                  code="upstream_error") from None
         if chunk.nvext is not None and chunk.nvext.completion_token_ids is not None:
             return chunk.nvext.completion_token_ids
         return self._vocab.encode_harmony(choice.text) if choice.text else []

@@ -16,8 +16,13 @@ import msgspec
 
 # gc=False: chunks hold only JSON values (no cycles), and hundreds of them come in one read: tracked, they would
 # trigger the collector's young generation every few reads.
+class Logprobs(msgspec.Struct, gc=False):
+    tokens: list[str] | None = None  # with vLLM's return_tokens_as_token_ids: `token_id:N`
+
+
 class Choice(msgspec.Struct, gc=False):
     token_ids: list[int] | None = None
+    logprobs: Logprobs | None = None
     text: str | None = None
     finish_reason: str | None = None
     # vLLM and trtllm-serve: the stop token id (None for the end token); SGLang: `matched_stop`.
