@@ -139,6 +139,7 @@ class Engine(Protocol):
 
     # Optional: `context_window: ContextWindow | None`, what the engine takes once started (read after start();
     # the server then advertises and enforces it). Engines without one are held to --max-model-len.
+    # Optional: `vocab_size: int`, token ids from 0 to it less one (the engine host refuses others: host.py).
 
     async def close(self) -> None:
         """Release everything; called once at shutdown."""

@@ -78,6 +78,11 @@ class TrtllmEngine:
     def served_model_name(self) -> str | None:
         return self.call.served_model_name if self.call else None
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids from 0 to this, less one (the engine host refuses others: host.py)."""
+        return self._vocab.vocab_size
+
     async def check_health(self) -> None:
         if self._closing:
             raise EngineError("The TensorRT-LLM engine is shutting down.", status=503, code="engine_shutting_down")
