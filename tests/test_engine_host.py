@@ -527,3 +527,90 @@ def test_a_front_end_names_where_the_hosts_engine_publishes_its_kv_cache_events(
         assert published[0]["token_ids"] == list(range(1, 65)) and published[0]["block_size"] == 32
     finally:
         subscriber.close(linger=0)
+
+
+def _host_rss_kib(process: subprocess.Popen[bytes]) -> int:
+    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise LookupError("VmRSS")
+
+
+def _greeted(socket_path: Path) -> Any:
+    """A raw connection to the host, its greeting read."""
+    import socket as sockets
+
+    connection = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    connection.connect(str(socket_path))
+    length, _, kind = wire.HEADER.unpack(connection.recv(wire.HEADER.size, sockets.MSG_WAITALL))
+    connection.recv(length, sockets.MSG_WAITALL)
+    assert kind == wire.HELLO
+    return connection
+
+
+def test_a_front_end_cannot_make_the_host_buffer_more_than_a_request(
+    start_host: Callable[..., Any], socket_path: Path, tmp_path: Path
+) -> None:
+    """A frame announcing 1 GiB, then 200 MiB of it: before, the host buffered all it was sent (up to 1 GiB a
+    connection); now the header alone closes the connection. A frame within the limit, half sent, then the
+    connection closed: what it buffered is freed at once (before, a reference cycle through the frame reader kept
+    it until the collector's next full pass). Before: +211 MiB, and 50 MiB kept; now nothing, and 11 MiB."""
+    host = start_host(model_folder(tmp_path, [LONG]))
+
+    async def ready() -> None:
+        async with remote(socket_path):
+            pass
+
+    asyncio.run(ready())
+    chunk = b"\0" * (1 << 20)
+    before = _host_rss_kib(host)
+    connection = _greeted(socket_path)
+    connection.sendall(wire.HEADER.pack(1 << 30, 1, wire.SUBMIT))
+    sent = 0
+    with contextlib.suppress(OSError):  # the host closes the connection
+        while sent < 200 << 20:
+            connection.sendall(chunk)
+            sent += len(chunk)
+    time.sleep(0.5)
+    buffered = _host_rss_kib(host) - before
+    connection.close()
+
+    before = _host_rss_kib(host)
+    connection = _greeted(socket_path)
+    connection.sendall(wire.HEADER.pack(60 << 20, 1, wire.SUBMIT) + chunk * 50)
+    deadline = time.monotonic() + 60
+    while _host_rss_kib(host) - before < 40 << 10:  # until the host has read most of it
+        assert time.monotonic() < deadline and host.poll() is None
+        time.sleep(0.05)
+    connection.close()
+    time.sleep(0.5)
+    kept = _host_rss_kib(host) - before
+    print(f"\n1 GiB announced, {sent >> 20} MiB sent: the host grew {buffered >> 10} MiB; 50 MiB of a frame, then "
+          f"closed: {kept >> 10} MiB kept")
+    assert sent < 200 << 20 and buffered < 16 << 10  # the connection was closed at the header
+    assert kept < 25 << 10  # under half of it: freed (before: all 50 MiB kept); the rest is the allocator's
+    assert host.poll() is None
+
+
+def test_the_host_refuses_token_ids_past_the_vocabulary_and_absurd_max_tokens(
+    shared_host: tuple[Path, Path], vocab: Vocab
+) -> None:
+    folder, path = shared_host
+
+    async def refusals() -> list[EngineError]:
+        refused = []
+        async with remote(path) as engine:
+            for prompt, max_tokens in [([1] * 40 + [vocab.vocab_size], 5), ([1] * 41, 10**12)]:
+                with pytest.raises(EngineError) as failed:
+                    await collect(engine.generate(GenerationRequest(
+                        f"refused-{len(prompt)}", prompt, SamplingParams(max_tokens, stop_token_ids=STOPS))))
+                refused.append(failed.value)
+            after = await collect(engine.generate(request(42, max_tokens=5)))  # the connection still serves
+            assert after[-1].finish_reason == "length"
+        return refused
+
+    token, tokens = asyncio.run(refusals())
+    assert (token.status, token.code) == (400, "invalid_token_id") and str(vocab.vocab_size) in token.message
+    assert (tokens.status, tokens.code) == (400, "context_length_exceeded") and "max_tokens" in tokens.message
+    lengths = {event["prompt_length"] for event in events(folder) if event["event"] == "generate"}
+    assert 41 not in lengths and 42 in lengths  # the refused never reached the engine

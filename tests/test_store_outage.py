@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,3 +147,64 @@ def test_a_store_that_cannot_be_reached_stops_the_start_in_one_line(postgres: Po
     assert len(errors) == 1 and errors[0].startswith("harmony-proxy: error: cannot connect to the PostgreSQL store")
     assert reason in errors[0], output
     assert "Traceback" not in output and "hunter22" not in output
+
+
+class _OwnerRenewsFirst:
+    """The watcher's store, with the race played out: between the watcher's look at the heartbeats and its ending
+    of a stale job, the owner renews (a replica resuming from a pause just then)."""
+
+    def __init__(self, store: PostgresResponseStore, owner: PostgresResponseStore) -> None:
+        self._store, self._owner = store, owner
+
+    async def heartbeats(self) -> dict[str, float | None]:
+        return await self._store.heartbeats()
+
+    async def end_abandoned(self, stale: Any, end: Any) -> list[str]:
+        await self._owner.renew()
+        return await self._store.end_abandoned(stale, end)
+
+
+def test_the_sweeper_against_a_paused_replica_step_by_step(postgres_url: str) -> None:
+    """Round 4's lease race (1 in 84 runs), played deterministically on a real PostgreSQL: the watcher's clock is
+    the test's, each look at a time the test names, and the owner renews only where the test says (a paused
+    replica renews nothing). A job is ended only after a steady lease of looks without a renewal: not when the
+    watcher itself was paused (its first look back sees a heartbeat a pause old), not when the owner renews
+    between the watcher's look and its ending of the job, and then, once the owner stays paused a steady lease, it
+    is ended and the owner, resumed, cannot overwrite the ending."""
+    lease = 10.0
+
+    async def scenario() -> None:
+        owner, other = PostgresResponseStore(postgres_url), PostgresResponseStore(postgres_url)
+        await owner.open()
+        await other.open()
+        now = [0.0]
+        watcher = BackgroundJobs(other, lease=lease, clock=lambda: now[0])
+
+        async def look_at(*times: float, watching: BackgroundJobs = watcher) -> str:
+            for time_ in times:
+                now[0] = time_
+                await watching.sweep()
+            return (await owner.load("resp_1_0")).resource["status"]
+
+        await owner.save(_record(1, 0, False))  # the owner's running job; the owner then pauses
+        assert await look_at(*range(10)) == "in_progress"  # 9 s of steady looks: less than a lease
+        # The watcher pauses for 20 s (its process stalled, or the database froze): its first look back must not
+        # judge by a heartbeat that has aged meanwhile, since the owner could not renew either.
+        assert await look_at(30, *range(31, 40)) == "in_progress"
+        await owner.renew()  # the owner resumes
+        assert await look_at(*range(40, 50)) == "in_progress"
+        # A lease after the renewal the job looks stale; the owner renews between that look and the ending.
+        racing = BackgroundJobs(_OwnerRenewsFirst(other, owner), lease=lease,  # type: ignore[arg-type]
+                                clock=lambda: now[0])
+        assert await look_at(*range(40, 51), watching=racing) == "in_progress"
+        # The owner pauses for good: a steady lease after the renewal the watcher saw, and not before, it is ended.
+        assert await look_at(*range(51, 61)) == "in_progress"
+        assert await look_at(61) == "failed"
+        ended = (await owner.load("resp_1_0")).resource
+        assert ended["error"]["code"] == "server_restarted"
+        assert not await owner.save_owned(_record(1, 0, True))  # resumed, the owner cannot overwrite the ending
+        assert (await other.load("resp_1_0")).resource["status"] == "failed"
+        await owner.close()
+        await other.close()
+
+    asyncio.run(scenario())

@@ -158,7 +158,7 @@ def test_errors_are_error_events_and_the_connection_goes_on(serve: Callable[...,
     events = asyncio.run(run())
     assert [(e["type"], e.get("status"), e.get("error", {}).get("code")) for e in events[:6]] == [
         ("error", 400, "invalid_json"), ("error", 400, "invalid_event"),
-        ("error", 404, "previous_response_not_found"), ("error", 400, None),
+        ("error", 404, "previous_response_not_found"), ("error", 400, "decimal_above_max_value"),
         ("error", 400, "unsupported_parameter"), ("error", 404, "model_not_found")]
     assert events[3]["error"]["param"] == "temperature" and events[3]["error"]["type"] == "invalid_request_error"
     assert events[5]["stream_id"] == "lane-a"

@@ -141,6 +141,7 @@ class Engine(Protocol):
     # the server then advertises and enforces it). Engines without one are held to --max-model-len.
     # Optional: `kv_event_sources: dict | None`, where the engine publishes its KV-cache events, per data-parallel
     # rank, as vLLM's `GET /kv_event_sources` answers (the server then answers that route with it).
+    # Optional: `vocab_size: int`, token ids from 0 to it less one (the engine host refuses others: host.py).
 
     async def close(self) -> None:
         """Release everything; called once at shutdown."""

@@ -10,6 +10,11 @@ Each front end holds one connection carrying all its requests (wire.py has the f
 task iterating the engine's generator; the front end's CANCEL, or its connection dropping (the process died),
 cancels that task, which closes the generator: the engine aborts the request. SIGTERM or SIGINT ends the host:
 running requests fail with a 503, connections close, and the engine is closed (`llm.shutdown()`).
+
+A front end is checked as any client is: a frame longer than a request can be (`MAX_REQUEST_BYTES`) closes its
+connection at its header, before anything of it is buffered, and what a connection buffered goes when it closes. A
+request with a token id outside the engine's vocabulary, or asking for more tokens than its context window holds,
+fails with a 400 before the engine sees it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from proxy.engines.base import Engine, EngineError, GenerationRequest, Step
 logger = logging.getLogger("harmony_proxy.engine_host")
 
 SHUTDOWN_GRACE = 10.0  # seconds cancelled requests get to release their engine slots before the engine closes
+# The longest frame a front end may send: a request's fields (its tools' schemas: an HTTP body is at most 8 MiB,
+# escaped as JSON) and its prompt (4 bytes a token).
+MAX_REQUEST_BYTES = 64 << 20
 
 
 def run_engine_host(
@@ -100,7 +108,7 @@ class _Connection(asyncio.Protocol):
         self._registry = registry
         self._requests: dict[int, asyncio.Task[None]] = {}
         self._health_checks: set[asyncio.Task[None]] = set()
-        self._reader = wire.FrameReader(self._received)
+        self._reader = wire.FrameReader(self._received, MAX_REQUEST_BYTES)
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -118,6 +126,7 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._reader.close()
         self._registry.discard(self)
         if self._requests:
             logger.warning("engine host: a front end went away; cancelling its %d requests", len(self._requests))
@@ -140,6 +149,10 @@ class _Connection(asyncio.Protocol):
             if handle in self._requests:
                 raise wire.ProtocolError(f"request handle {handle} is already running")
             request = wire.read_request(data[start:end])
+            refusal = _refusal(request, self._engine)
+            if refusal is not None:
+                self._writer.send(wire.error_frame(handle, refusal))
+                return
             self._requests[handle] = self._loop.create_task(self._run(handle, request))
         elif kind == wire.CANCEL:
             task = self._requests.get(handle)
@@ -179,6 +192,24 @@ class _Connection(asyncio.Protocol):
             self._writer.send(wire.error_frame(handle, exc))
         else:
             self._writer.send(wire.frame(wire.HEALTHY, handle))
+
+
+def _refusal(request: GenerationRequest, engine: Engine) -> EngineError | None:
+    """What the engine must not be asked, as the HTTP routes check it: token ids outside its vocabulary (when the
+    engine says its size), more tokens than its context window (when built)."""
+    vocab_size: int | None = getattr(engine, "vocab_size", None)
+    if vocab_size is not None:
+        highest = max(request.prompt_token_ids, default=0)  # unsigned on the wire
+        if highest >= vocab_size:
+            return EngineError(f"Token id {highest} is out of vocabulary (the vocabulary has {vocab_size} tokens).",
+                               400, "invalid_token_id")
+    window = getattr(engine, "context_window", None)
+    max_tokens = request.sampling.max_tokens
+    limit = window.total if window is not None else wire.MAX_TOKENS
+    if not isinstance(max_tokens, int) or not 1 <= max_tokens <= limit:
+        return EngineError(f"max_tokens must be from 1 to {limit} (the context window); got {max_tokens!r}.", 400,
+                           "context_length_exceeded")
+    return None
 
 
 def _listening_socket(path: str) -> socket.socket:

@@ -92,6 +92,11 @@ class TrtllmEngine:
         """Each rank's publisher, as vLLM's `/kv_event_sources` lists them; None when nothing is published."""
         return self._publishers.sources()
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids from 0 to this, less one (the engine host refuses others: host.py)."""
+        return self._vocab.vocab_size
+
     async def check_health(self) -> None:
         if self._closing:
             raise EngineError("The TensorRT-LLM engine is shutting down.", status=503, code="engine_shutting_down")

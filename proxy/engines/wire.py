@@ -42,6 +42,7 @@ _TOKEN = struct.Struct("=I")
 _ONE_TOKEN_STEP = struct.Struct("=IIBI")  # the commonest frame whole: header and one token id
 _FIELDS_LENGTH = struct.Struct("=I")  # a request: the length of its JSON fields, which its prompt follows
 MAX_PAYLOAD = 1 << 30
+MAX_TOKENS = (1 << 31) - 1  # token counts travel as 32-bit integers
 
 # Front end to host.
 SUBMIT = 1  # payload: a GenerationRequest, its fields as JSON then its prompt token ids
@@ -212,12 +213,20 @@ Handler = Callable[[int, int, bytes, int, int], None]  # kind, handle, and the p
 
 
 class FrameReader:
-    """Splits received bytes into frames and hands each to `handler`, in order."""
+    """Splits received bytes into frames and hands each to `handler`, in order; a frame announcing more than
+    `max_payload` bytes is a ProtocolError as soon as its header arrives (nothing of it is buffered)."""
 
-    def __init__(self, handler: Handler) -> None:
-        self._handler = handler
+    def __init__(self, handler: Handler, max_payload: int = MAX_PAYLOAD) -> None:
+        self._handler: Handler | None = handler
+        self._max_payload = max_payload
         self._partial = bytearray()
         self._needed = HEADER.size  # bytes `_partial` must hold before it can be parsed again
+
+    def close(self) -> None:
+        """The connection is gone: what it buffered goes now, and so does the handler (its owner holds this reader:
+        a cycle the collector would free only at its next full pass)."""
+        self._handler = None
+        self._partial = bytearray()
 
     def feed(self, data: bytes) -> None:
         if self._partial:
@@ -226,11 +235,14 @@ class FrameReader:
                 return  # a large frame still arriving: do not rescan it chunk by chunk
             data = bytes(self._partial)
             self._partial.clear()
-        offset, end, handler, unpack, size = 0, len(data), self._handler, HEADER.unpack_from, HEADER.size
+        handler = self._handler
+        if handler is None:
+            return  # closed
+        offset, end, unpack, size, most = 0, len(data), HEADER.unpack_from, HEADER.size, self._max_payload
         while end - offset >= size:
             length, handle, kind = unpack(data, offset)
-            if length > MAX_PAYLOAD:
-                raise ProtocolError(f"a frame of {length} bytes")
+            if length > most:
+                raise ProtocolError(f"a frame of {length} bytes (at most {most})")
             start = offset + size
             if start + length > end:
                 self._needed = start + length - offset

@@ -16,8 +16,8 @@ An upgraded WebSocket with no response in flight is idle too, whatever pings it 
 does): the application says when it is (`IDLE_EXTENSION`), and a shed one is closed with 1013, "try again later".
 
 This is uvicorn's HTTP protocol (its `http` setting takes a protocol class) with deadlines at the points where its
-parser reports a head, a body and a response complete, and its WebSocket protocol (its `ws` setting) with the idle
-state. The guard of one server process knows its connections.
+parser reports a head, a body and a response complete, and its WebSocket protocol (its `ws` setting; parsed a slice
+at a time, sliced_websocket.py) with the idle state. The guard of one server process knows its connections.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.http11 import Request
+
+from proxy.server.sliced_websocket import SlicedWebSocketProtocol
 
 logger = logging.getLogger("harmony_proxy")
 
@@ -182,8 +183,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's WebSocket protocol (websockets, sans I/O), sheddable while the application says it is idle."""
+class GuardedWebSocketProtocol(SlicedWebSocketProtocol):
+    """uvicorn's WebSocket protocol (websockets, sans I/O; parsed a slice at a time), sheddable while the application
+    says it is idle."""
 
     def __init__(self, *, guard: ConnectionGuard, **uvicorn_arguments: Any) -> None:
         super().__init__(**uvicorn_arguments)

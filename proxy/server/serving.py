@@ -30,6 +30,7 @@ from proxy.engines.vllm_serve import VllmServeError
 from proxy.server import readiness
 from proxy.server.arguments import StartupError, parse_command_line
 from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
+from proxy.server.sliced_websocket import SlicedWebSocketProtocol
 from proxy.server.startup import (
     TRTLLM_MAX_BATCH_SIZE,
     build_state,
@@ -181,7 +182,7 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
         # uvloop that accepts every waiting connection (proxy/server/listener.py)
         loop = "proxy.server.listener:new_event_loop"
     limits = connection_limits(args)
-    ws: Any = "websockets-sansio"
+    ws: Any = SlicedWebSocketProtocol  # websockets (sans I/O), parsed a slice at a time
     if http == "httptools":  # closes slow and idle connections, WebSockets too (proxy/server/connections.py)
         guard = ConnectionGuard(limits)
         http, ws = guard.protocol, guard.websocket_protocol

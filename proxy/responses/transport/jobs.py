@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from proxy.responses.run import ResponseRun
@@ -47,9 +48,11 @@ class _Lost(Exception):
 
 
 class BackgroundJobs:
-    def __init__(self, store: ResponseStore, lease: float = LEASE) -> None:
+    def __init__(self, store: ResponseStore, lease: float = LEASE, clock: Callable[[], float] | None = None) -> None:
+        """`clock`: the seconds the watcher judges heartbeats by; the event loop's by default (a test drives it)."""
         self._store = store
         self._lease = lease
+        self._clock = clock or (lambda: asyncio.get_running_loop().time())
         self._seen: dict[str, tuple[float | None, float]] = {}  # response id: (heartbeat, loop time first seen)
         self._looked: float | None = None  # the loop time of the last look at the heartbeats that succeeded
         self._store_down = False  # the watcher's last store operation failed
@@ -94,7 +97,7 @@ class BackgroundJobs:
         """Look at the heartbeats, and end the unfinished responses of processes that died (see the module's
         docstring): those with no owner, and those whose heartbeat was seen unchanged for a steady lease."""
         heartbeats = await self._store.heartbeats()
-        now = asyncio.get_running_loop().time()
+        now = self._clock()
         if self._looked is None or now - self._looked > self._lease / 4:
             self._seen = {}  # not steady: the owners may not have been able to renew either
         self._looked = now

@@ -17,7 +17,8 @@ running response and continues it with the client's input (proxy/responses/steer
 Hostile clients: every message is checked before it is read (ws_messages.py), and whatever else goes wrong in
 handling one is an `error` event, never the end of the connection (only the protocol's close codes end it: 1007
 for a binary frame that is not UTF-8). A connection handles messages for TURN_SECONDS at most before it yields to
-the event loop, so one flooding small messages takes its turn with every other request. A continuation
+the event loop, so one flooding small messages takes its turn with every other request (and the server parses what
+it reads a slice at a time: proxy/server/sliced_websocket.py). A continuation
 (`previous_response_id`) that fails evicts the turn it continued, as the Open Responses spec has: continuing from
 it again is `previous_response_not_found`.
 A connection with no message being handled and no response running tells the server's connection guard it is
