@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from parsers.vocab import Vocab, load_vocab
 from proxy.app import create_app
 from proxy.config import ServerConfig
-from proxy.engines.upstream import UpstreamEngine
+from proxy.engines.upstream.engine import UpstreamEngine
 from proxy.state import ServerState
 
 MODEL = "openai/gpt-oss-20b"

@@ -9,7 +9,7 @@ between writes). The clients run in this process on `--client-cpu`, `--streams` 
 last, and do what the upstream engine must: read the body, cut `data:` lines, decode the JSON, take the token ids.
 Printed: this process's CPU per event (user + system) for each client, and its ratio to ours:
 
-- ours: `proxy/engines/upstream_http.py` (httptools from `data_received`) and `upstream_chunks.py` (msgspec);
+- ours: `proxy/engines/upstream/http.py` (httptools from `data_received`) and `chunks.py` beside it (msgspec);
 - httpx: `httpx.AsyncClient.stream` + `aiter_bytes`, lines split and each decoded by the stdlib's json (the
   upstream engine before);
 - aiohttp: `ClientSession.post` + `StreamResponse.content` (llhttp in C), its chunks split into lines, decoded by
@@ -33,8 +33,8 @@ import uvloop
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from proxy.engines.upstream_chunks import EventReader, decode
-from proxy.engines.upstream_http import ConnectionPool, Origin, StreamEnded
+from proxy.engines.upstream.chunks import EventReader, decode
+from proxy.engines.upstream.http import ConnectionPool, Origin, StreamEnded
 
 CHUNK = ('{"id":"cmpl-0123456789abcdef","object":"text_completion","created":1764662400,"model":"openai/gpt-oss-20b",'
          '"choices":[{"index":0,"text":" word","token_ids":[%d],"logprobs":null,"finish_reason":null,'

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from parsers.vocab import load_vocab
 from proxy.engines.base import GenerationRequest, SamplingParams
-from proxy.engines.upstream import UpstreamEngine
+from proxy.engines.upstream.engine import UpstreamEngine
 from tests.byte_relay import ByteRelay
 from tests.vllm_server import VllmServer, write_tiny_gpt_oss
 

@@ -36,7 +36,7 @@ from benchmarks.routing_bench import Servers, words
 from parsers.vocab import load_vocab
 from proxy.app import create_app
 from proxy.config import ServerConfig
-from proxy.engines.upstream import UpstreamEngine
+from proxy.engines.upstream.engine import UpstreamEngine
 from proxy.state import ServerState
 from tests.vllm_server import VllmServer, free_port, kv_event_flags, write_tiny_gpt_oss
 

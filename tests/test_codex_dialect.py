@@ -19,7 +19,7 @@ from parsers.stream import OutputParser
 from proxy.engines.base import OutputConstraint
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
-from proxy.engines.upstream_constraints import GuidedDecoding
+from proxy.engines.upstream.constraints import GuidedDecoding
 from proxy.responses.request.content import IMAGE_NOTE, USER_IMAGE_NOTE
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording

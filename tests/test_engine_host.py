@@ -50,7 +50,7 @@ STOPS = (200002, 200012)  # <|return|>, <|call|>
 HOST = """
 import functools, json, sys
 from proxy.engines.host import run_engine_host
-from proxy.engines.trtllm import loaded_trtllm_engine
+from proxy.engines.trtllm.engine import loaded_trtllm_engine
 run_engine_host(functools.partial(loaded_trtllm_engine, json.loads(sys.argv[1])), sys.argv[2], log_level="info")
 """
 FRONT_END = """
@@ -410,7 +410,7 @@ def test_sigterm_fails_running_requests_and_shuts_the_engine_down(
     socket_path: Path, tmp_path: Path, fake_in_this_process: None
 ) -> None:
     from proxy.engines.host import run_engine_host
-    from proxy.engines.trtllm import loaded_trtllm_engine
+    from proxy.engines.trtllm.engine import loaded_trtllm_engine
 
     folder = model_folder(tmp_path, [LONG], step_seconds="0.01")
     build = functools.partial(loaded_trtllm_engine, [str(folder)])

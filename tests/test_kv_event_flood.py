@@ -22,7 +22,7 @@ from typing import Any, Self
 import httpx
 import pytest
 
-from proxy.engines.kv_subscriber import MAX_MESSAGE_BYTES
+from proxy.engines.upstream.kv_subscriber import MAX_MESSAGE_BYTES
 from tests.conftest import LiveServer
 from tests.kv_publisher import replica_app, source
 from tests.vllm_server import free_port

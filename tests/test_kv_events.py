@@ -23,10 +23,16 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from proxy.engines import kv_subscriber
-from proxy.engines.kv_events import HeldBlocks, ReplicaBlocks, chained_keys
-from proxy.engines.kv_subscriber import EventBudget, EventSubscriber, Publisher, cache_capacity, find_publishers
-from proxy.engines.routing import BLOCK_TOKENS, CacheAwareRouter
+from proxy.engines.upstream import kv_subscriber
+from proxy.engines.upstream.kv_events import HeldBlocks, ReplicaBlocks, chained_keys
+from proxy.engines.upstream.kv_subscriber import (
+    EventBudget,
+    EventSubscriber,
+    Publisher,
+    cache_capacity,
+    find_publishers,
+)
+from proxy.engines.upstream.routing import BLOCK_TOKENS, CacheAwareRouter
 from tests.conftest import LiveServer
 from tests.kv_publisher import BlockStored, KVEventBatch, replica_app, source
 from tests.vllm_server import free_port

@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from proxy.engines.routing import BLOCK_TOKENS, CacheAwareRouter, RoundRobinRouter, block_keys
-from proxy.engines.upstream import UpstreamEngine
+from proxy.engines.upstream.engine import UpstreamEngine
+from proxy.engines.upstream.routing import BLOCK_TOKENS, CacheAwareRouter, RoundRobinRouter, block_keys
 from tests.conftest import MODEL, LiveServer
 from tests.fake_upstreams import fake_upstream
 from tests.test_upstream import dead_url

@@ -23,7 +23,7 @@ from agents import (
 from openai import AsyncOpenAI, OpenAI
 from pydantic import BaseModel, Field
 
-from proxy.engines.upstream import UpstreamEngine
+from proxy.engines.upstream.engine import UpstreamEngine
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Recording
 from tests.fake_upstreams import fake_upstream

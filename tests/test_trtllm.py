@@ -69,7 +69,7 @@ def trtllm_engine(vocab: Any, folder: Path, *flags: str, **yaml_keys: Any) -> An
     """The engine for `trtllm-serve FOLDER FLAGS --extra_llm_api_options YAML` (the YAML of `yaml_keys`)."""
     import yaml
 
-    from proxy.engines.trtllm import TrtllmEngine
+    from proxy.engines.trtllm.engine import TrtllmEngine
 
     command = [str(folder), *flags]
     if yaml_keys:
@@ -301,7 +301,7 @@ def required_call_grammar() -> Any:
     ],
 )
 def test_the_form_each_backend_and_release_takes(backend: str | None, xgrammar: str, field: str | None) -> None:
-    from proxy.engines.trtllm_harmony import guided_decoding
+    from proxy.engines.trtllm.harmony import guided_decoding
 
     plan = guided_decoding(backend, xgrammar)
     assert plan.field == field

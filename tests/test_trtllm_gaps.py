@@ -39,7 +39,7 @@ def test_1_a_local_model_directory_is_served_under_its_folder_name(release: str,
 
 
 def test_2_grpc_on_the_newest_is_refused_before_the_model_loads(release: str, tmp_path: Path, vocab: Any) -> None:
-    from proxy.engines.trtllm_serve import TrtllmServeError
+    from proxy.engines.trtllm.serve import TrtllmServeError
 
     folder = model_folder(tmp_path, [ANSWER])
     with pytest.raises(TrtllmServeError, match="--grpc"):
@@ -48,7 +48,7 @@ def test_2_grpc_on_the_newest_is_refused_before_the_model_loads(release: str, tm
 
 
 def test_3_middleware_is_refused_before_the_model_loads(release: str, tmp_path: Path, vocab: Any) -> None:
-    from proxy.engines.trtllm_serve import TrtllmServeError
+    from proxy.engines.trtllm.serve import TrtllmServeError
 
     folder = model_folder(tmp_path, [ANSWER])
     with pytest.raises(TrtllmServeError, match="--middleware"):
@@ -59,7 +59,7 @@ def test_3_middleware_is_refused_before_the_model_loads(release: str, tmp_path: 
 def test_3_a_port_taken_before_trtllm_serve_binds_it_is_replaced(
     release: str, tmp_path: Path, vocab: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from proxy.engines import trtllm_serve
+    from proxy.engines.trtllm import serve as trtllm_serve
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
@@ -80,7 +80,7 @@ def test_3_a_port_taken_before_trtllm_serve_binds_it_is_replaced(
 def test_3_an_llm_built_and_then_not_served_is_shut_down(
     release: str, tmp_path: Path, vocab: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from proxy.engines import trtllm
+    from proxy.engines.trtllm import engine as trtllm
 
     def broken(llm: Any) -> Any:
         raise ValueError("cannot read the engine")
@@ -107,7 +107,7 @@ def test_4_open_pr_17787_an_llm_the_server_builds_from_a_factory_is_served(
 def test_4_open_pr_16939_a_server_made_before_its_llm_is_refused_before_the_build(
     release: str, tmp_path: Path, vocab: Any
 ) -> None:
-    from proxy.engines.trtllm_serve import TrtllmServeError
+    from proxy.engines.trtllm.serve import TrtllmServeError
 
     folder = model_folder(tmp_path, [ANSWER])
     with pytest.raises(TrtllmServeError, match="without an LLM"):
@@ -141,7 +141,7 @@ def stored(rank: int, event_id: int, window: int, blocks: list[list[int]], paren
 
 
 def test_6_events_are_read_per_rank_in_the_largest_window_and_a_partial_block_drops_only_itself() -> None:
-    from proxy.engines.kv_cache_events import KvCacheEvents
+    from proxy.engines.trtllm.kv_cache_events import KvCacheEvents
 
     reader = KvCacheEvents(llm=None, publish=lambda rank, events: None, block_size=4)
     for rank in (0, 1):
@@ -187,7 +187,7 @@ def test_7_a_reasoning_parser_does_not_reach_each_requests_sampling(
 def test_7_the_prompt_is_not_validated_again_to_convert_sampling(release: str) -> None:
     from tensorrt_llm.serve import openai_protocol
 
-    from proxy.engines.trtllm_harmony import sampling_params
+    from proxy.engines.trtllm.harmony import sampling_params
 
     prompts: list[int] = []
 
@@ -224,7 +224,7 @@ def test_6_a_router_in_upstream_mode_routes_on_what_each_trtllm_replica_publishe
 ) -> None:
     """Two harmony-proxy + fake TensorRT-LLM replicas publishing KV-cache events; a harmony-proxy router in upstream
     mode, cache-aware, then round robin, on multi-turn conversations; the hit ratio from the replicas' counters."""
-    from proxy.engines.upstream import UpstreamEngine
+    from proxy.engines.upstream.engine import UpstreamEngine
 
     replicas = []
     for n in range(2):
@@ -267,7 +267,7 @@ def test_6_a_router_in_upstream_mode_routes_on_what_each_trtllm_replica_publishe
 
 
 def test_2_a_visual_generation_model_is_refused_before_it_loads(release: str, tmp_path: Path, vocab: Any) -> None:
-    from proxy.engines.trtllm_serve import TrtllmServeError
+    from proxy.engines.trtllm.serve import TrtllmServeError
 
     folder = model_folder(tmp_path, [ANSWER], **{"model_index.json": "{}"})
     with pytest.raises(TrtllmServeError, match="visual generation"):
@@ -276,7 +276,7 @@ def test_2_a_visual_generation_model_is_refused_before_it_loads(release: str, tm
 
 
 def test_3_a_server_that_is_not_a_language_model_server_is_refused_and_what_it_was_given_shut_down() -> None:
-    from proxy.engines.trtllm_serve import ServerReplaced, TrtllmServeError
+    from proxy.engines.trtllm.serve import ServerReplaced, TrtllmServeError
 
     class Generator:
         closed = False
@@ -357,7 +357,7 @@ def test_6_a_published_batch_is_what_vllms_own_decoder_reads() -> None:
 
     import zmq
 
-    from proxy.engines.kv_event_publisher import KvEventPublisher
+    from proxy.engines.trtllm.kv_event_publisher import KvEventPublisher
     from tests.vllm_server import vllm_python
 
     publisher = KvEventPublisher("127.0.0.1", rank=1)

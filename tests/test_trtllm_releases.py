@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from proxy.engines.base import GenerationRequest, SamplingParams
-from proxy.engines.routing import CacheAwareRouter
+from proxy.engines.upstream.routing import CacheAwareRouter
 from tests.conftest import LiveServer
 from tests.test_e2e_chat import ANSWER
 from tests.test_trtllm import ASK, events, model_folder, on_surface, trtllm_engine, trtllm_server
@@ -89,8 +89,8 @@ def test_the_router_follows_the_kv_cache_events_the_engine_publishes(vocab: Any,
     import zmq
     import zmq.asyncio
 
-    from proxy.engines.kv_events import HeldBlocks, ReplicaBlocks
-    from proxy.engines.kv_subscriber import EventSubscriber
+    from proxy.engines.upstream.kv_events import HeldBlocks, ReplicaBlocks
+    from proxy.engines.upstream.kv_subscriber import EventSubscriber
 
     folder = model_folder(tmp_path, [ANSWER], cache_blocks="4")  # the engine holds 4 blocks of 32 tokens
     events_on = {"kv_cache_config": {"enable_block_reuse": True, "event_buffer_max_size": 1024}}

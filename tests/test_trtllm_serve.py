@@ -99,8 +99,8 @@ def what_trtllm_serve_builds(command: list[str], monkeypatch: pytest.MonkeyPatch
 
 
 def what_harmony_proxy_serves(command: list[str], vocab: Any) -> tuple[str, Any, Any]:
-    from proxy.engines.trtllm import TrtllmEngine
-    from proxy.engines.trtllm_serve import TrtllmServeError
+    from proxy.engines.trtllm.engine import TrtllmEngine
+    from proxy.engines.trtllm.serve import TrtllmServeError
 
     engine = TrtllmEngine(command, vocab)
     try:
@@ -168,8 +168,8 @@ def test_copied_2026_commands_start_and_deprecated_flags_are_handled_as_trtllm_s
     release: str, tmp_path: Path, vocab: Any
 ) -> None:
     """3: --served_model_name, --kv_cache_dtype, --no-telemetry on 1.3+; --fail_fast_... and --cluster_size."""
-    from proxy.engines.trtllm import TrtllmEngine
-    from proxy.engines.trtllm_serve import TrtllmServeError
+    from proxy.engines.trtllm.engine import TrtllmEngine
+    from proxy.engines.trtllm.serve import TrtllmServeError
 
     folder = model_folder(tmp_path, [ANSWER])
     engine = TrtllmEngine([str(folder), "--served_model_name", "gpt-oss", "--kv_cache_dtype", "fp8",
@@ -234,8 +234,8 @@ def test_the_fake_is_as_strict_as_each_release(release: str, field: str, value: 
 
 @pytest.mark.parametrize("release", ["1.4"], indirect=True)
 def test_disaggregated_roles_are_refused_with_the_reason(release: str, tmp_path: Path, vocab: Any) -> None:
-    from proxy.engines.trtllm import TrtllmEngine
-    from proxy.engines.trtllm_serve import TrtllmServeError
+    from proxy.engines.trtllm.engine import TrtllmEngine
+    from proxy.engines.trtllm.serve import TrtllmServeError
     folder = model_folder(tmp_path, [ANSWER])
     with pytest.raises(TrtllmServeError, match="disaggregated"):
         TrtllmEngine([str(folder), "--server_role", "context", "--disagg_cluster_uri", "etcd://x"], vocab).prepare()
@@ -251,7 +251,7 @@ def test_models_the_codex_catalog_and_the_400_agree_with_the_engine(
     release: str, serve: Callable[..., LiveServer], vocab: Any, tmp_path: Path, flags: list[str], prompt_limit: int
 ) -> None:
     """4: the context advertised and enforced is what the built LLM takes, from its own resolved arguments."""
-    from proxy.engines.trtllm import TrtllmEngine
+    from proxy.engines.trtllm.engine import TrtllmEngine
 
     server = serve(engine=TrtllmEngine([str(model_folder(tmp_path, [ANSWER])), *flags], vocab))
     deadline = time.monotonic() + 20  # the LLM loads in a side thread

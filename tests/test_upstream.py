@@ -17,7 +17,7 @@ import pytest
 from proxy.engines.base import EngineError
 from proxy.engines.mock import mock_engine
 from proxy.engines.scripted import scripted_engine
-from proxy.engines.upstream import UpstreamEngine
+from proxy.engines.upstream.engine import UpstreamEngine
 from tests.conftest import MODEL, LiveServer
 from tests.engines import Failing, Recording
 from tests.fake_upstreams import fake_upstream

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.engines.upstream import UpstreamEngine
-from proxy.engines.upstream_generate import ids_from_logprobs
+from proxy.engines.upstream.engine import UpstreamEngine
+from proxy.engines.upstream.generate import ids_from_logprobs
 from tests.conftest import MODEL, LiveServer
 from tests.fake_upstreams import fake_upstream
 from tests.test_e2e_chat import ANSWER, CALL, WEATHER, client_for, message_answer

@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from proxy.engines.upstream import UpstreamEngine
+from proxy.engines.upstream.engine import UpstreamEngine
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import WEATHER, client_for
 

@@ -2,7 +2,7 @@
 
 The upstream here holds every stream open until all of them have arrived, then answers them all: a front end that
 let only some through at once (httpx's default pool took 100) would never see an answer. Reading the stream is
-`proxy/engines/upstream_http.py`; its corner cases (a refusal's body, a body that ends with its connection, a slow
+`proxy/engines/upstream/http.py`; its corner cases (a refusal's body, a body that ends with its connection, a slow
 consumer, an idle connection the upstream closed) are checked against real servers below.
 """
 
@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy.engines.upstream import UpstreamEngine
-from proxy.engines.upstream_http import ConnectionPool, Origin, StreamEnded, UpstreamHTTPError
+from proxy.engines.upstream.engine import UpstreamEngine
+from proxy.engines.upstream.http import ConnectionPool, Origin, StreamEnded, UpstreamHTTPError
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER
 

@@ -21,7 +21,7 @@ import pytest
 import websockets
 
 from parsers.vocab import Vocab
-from proxy.engines.upstream import FLAVORS, UpstreamEngine
+from proxy.engines.upstream.engine import FLAVORS, UpstreamEngine
 from tests.byte_relay import ByteRelay
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import client_for, message_answer, streamed_answer

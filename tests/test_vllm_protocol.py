@@ -15,8 +15,8 @@ import pytest
 
 from parsers.vocab import Vocab
 from proxy.engines.base import GenerationRequest, OutputConstraint, SamplingParams
-from proxy.engines.upstream import FLAVORS, UpstreamEngine
-from proxy.engines.upstream_generate import generate_body
+from proxy.engines.upstream.engine import FLAVORS, UpstreamEngine
+from proxy.engines.upstream.generate import generate_body
 from tests.conftest import MODEL, LiveServer
 from tests.fake_upstreams import fake_upstream
 from tests.test_e2e_chat import ANSWER, CALL, WEATHER, client_for

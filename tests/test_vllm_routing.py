@@ -20,8 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from parsers.vocab import Vocab
-from proxy.engines.kv_events import chained_keys
-from proxy.engines.upstream import UpstreamEngine
+from proxy.engines.upstream.engine import UpstreamEngine
+from proxy.engines.upstream.kv_events import chained_keys
 from tests.conftest import LiveServer
 from tests.engines import Recording
 from tests.vllm_server import VllmServer, free_port, kv_event_flags, start_vllm

@@ -51,7 +51,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     parallel_tool_calls: bool
-    prompt_cache_key: str | None = None  # a routing hint only (proxy/engines/routing.py)
+    prompt_cache_key: str | None = None  # a routing hint only (proxy/engines/upstream/routing.py)
 
 
 async def read_chat_request(request: Request, default_effort: str, tools: ToolCatalog) -> ChatRequest:

@@ -87,7 +87,7 @@ class GenerationRequest:
     sampling: SamplingParams
     constraint: OutputConstraint = field(default_factory=OutputConstraint)
     # Keys of the session the request continues (a previous response's id, a prompt_cache_key, a session
-    # header), most specific first: engines with several replicas route on them (proxy/engines/routing.py).
+    # header), most specific first: engines with several replicas route on them (proxy/engines/upstream/routing.py).
     routing_hints: tuple[str, ...] = ()
     # W3C trace context headers (`traceparent`) of the request's engine span, for an engine that makes HTTP
     # requests (proxy/telemetry/tracing.py); empty when the request is not traced.

@@ -2,11 +2,11 @@
 
 `harmony-proxy serve MODEL [any trtllm-serve options] [harmony-proxy options]`: the options below are
 harmony-proxy's; every other argument is trtllm-serve's, handed as it is to the installed trtllm-serve's own
-`serve` command (`proxy/engines/trtllm_serve.py`), whose parsing, defaults, YAML and errors then apply. No list
+`serve` command (`proxy/engines/trtllm/serve.py`), whose parsing, defaults, YAML and errors then apply. No list
 of trtllm-serve's flags is kept here. The two share `--host`, `--port` and `--log_level` (harmony-proxy's, also
 given to trtllm-serve's logger) and `--num_serve_frontends` (harmony-proxy's `--workers`: front-end processes
 sharing one engine). With `--engine vllm` the other arguments are a `vllm serve` command line, handed the same way
-to the installed vLLM's own parser (`proxy/engines/vllm_serve.py`); `--served-model-name` and `--max-model-len` are
+to the installed vLLM's own parser (`proxy/engines/vllm/serve.py`); `--served-model-name` and `--max-model-len` are
 then both harmony-proxy's and vLLM's.
 """
 
@@ -18,10 +18,10 @@ import os
 from pathlib import Path
 
 from proxy.config import EFFORTS, REASONING_FIELDS, ServerConfig
-from proxy.engines.routing import ROUTERS
-from proxy.engines.trtllm import GUIDED_DECODING_BACKENDS
-from proxy.engines.upstream import FLAVORS
-from proxy.engines.upstream_constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
+from proxy.engines.trtllm.engine import GUIDED_DECODING_BACKENDS
+from proxy.engines.upstream.constraints import DEFAULT_GUIDED_DECODING, GUIDED_DECODING
+from proxy.engines.upstream.engine import FLAVORS
+from proxy.engines.upstream.routing import ROUTERS
 from proxy.responses.sealing import KEY_ENV
 from proxy.server.connections import ConnectionLimits
 from proxy.telemetry.access_log import LOG_FORMATS

@@ -25,8 +25,8 @@ from starlette.applications import Starlette
 from parsers.vocab import VocabError
 from proxy.app import create_app
 from proxy.engines.scripted import ScriptError
-from proxy.engines.trtllm_serve import TrtllmServeError, parse_trtllm_serve
-from proxy.engines.vllm_serve import VllmServeError
+from proxy.engines.trtllm.serve import TrtllmServeError, parse_trtllm_serve
+from proxy.engines.vllm.serve import VllmServeError
 from proxy.server import readiness
 from proxy.server.arguments import StartupError, parse_command_line
 from proxy.server.connections import ConnectionGuard, ConnectionLimits, default_max_connections, raise_descriptor_limit
@@ -96,7 +96,7 @@ def trtllm_worker_options(args: argparse.Namespace) -> list[str]:
 def vllm_worker_options(args: argparse.Namespace) -> list[str]:
     """The served name the HTTP workers answer to, from vLLM's own parsing of the command, once, before any process
     starts (its errors stop everything)."""
-    from proxy.engines.vllm_serve import parse_vllm_serve
+    from proxy.engines.vllm.serve import parse_vllm_serve
 
     if args.served_model_name:
         return []
@@ -143,7 +143,7 @@ def worker_app() -> Starlette:
 def run_trtllm_host(argv: list[str], socket_path: str) -> None:
     """The `--workers` engine host process's main function: the LLM is built in this process's main thread."""
     from proxy.engines.host import run_engine_host
-    from proxy.engines.trtllm import loaded_trtllm_engine
+    from proxy.engines.trtllm.engine import loaded_trtllm_engine
 
     args = parse_command_line(argv)
     configure_logging(args.log_level, args.log_format)
@@ -155,7 +155,7 @@ def run_trtllm_host(argv: list[str], socket_path: str) -> None:
 def run_vllm_host(argv: list[str], socket_path: str) -> None:
     """The `--workers` engine host process's main function: vLLM's engine client is built before its loop runs."""
     from proxy.engines.host import run_engine_host
-    from proxy.engines.vllm import loaded_vllm_engine
+    from proxy.engines.vllm.engine import loaded_vllm_engine
 
     args = parse_command_line(argv)
     configure_logging(args.log_level, args.log_format)

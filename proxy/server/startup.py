@@ -264,8 +264,8 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
     if name == "mock":
         return mock_engine(vocab, delay, args.tokens_per_step)
     if name == "upstream":
-        from proxy.engines.kv_subscriber import EventBudget
-        from proxy.engines.upstream import UpstreamEngine
+        from proxy.engines.upstream.engine import UpstreamEngine
+        from proxy.engines.upstream.kv_subscriber import EventBudget
 
         if not args.upstream_url:
             raise StartupError("--engine upstream needs --upstream-url http://host:port/v1 (repeatable)")
@@ -282,12 +282,12 @@ def _build_engine(name: str, args: argparse.Namespace, vocab: Vocab) -> Engine:
                               kv_events_bind=tuple(args.upstream_kv_events_bind),
                               max_in_flight=limit or None)  # as admission_queue: 0 is no limit
     if name == "vllm":
-        from proxy.engines.vllm import VllmEngine
+        from proxy.engines.vllm.engine import VllmEngine
 
         vllm = VllmEngine(vllm_command(args), vocab)
         vllm.prepare()  # vLLM's own parsing, now: its errors stop the server before anything is served
         return vllm
-    from proxy.engines.trtllm import TrtllmEngine
+    from proxy.engines.trtllm.engine import TrtllmEngine
 
     engine = TrtllmEngine(trtllm_command(args), vocab, args.guided_decoding_backend, args.host)
     engine.prepare()  # trtllm-serve's own parsing, now: its errors stop the server before anything is served

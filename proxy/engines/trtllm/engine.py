@@ -1,6 +1,6 @@
 """The in-process TensorRT-LLM engine: the LLM that the installed trtllm-serve builds, served by harmony-proxy.
 
-trtllm-serve's own code runs (`trtllm_serve.py`: its flags, defaults, YAML and precedence, whatever the release),
+trtllm-serve's own code runs (`serve.py`: its flags, defaults, YAML and precedence, whatever the release),
 and this engine takes the LLM it built in place of its HTTP server. Against the LLM API of every release from the
 gpt-oss-dev container to 2026 main (tensorrt_llm/llmapi/llm.py, executor/result.py):
 - `generate_async(prompt_token_ids, sampling_params, streaming=True)` is a plain method called on the event
@@ -16,7 +16,7 @@ gpt-oss-dev container to 2026 main (tensorrt_llm/llmapi/llm.py, executor/result.
 - `reasoning_parser` is taken out of the LLM arguments: harmony-proxy parses Harmony itself, and from 2026 the
   LLM adds a thinking-budget logits processor to every request's sampling for it (llm.py id 55216765702).
 - An LLM built and then not served (a failure while attaching it) is shut down.
-Sampling and guided decoding: `trtllm_harmony.py`.
+Sampling and guided decoding: `harmony.py`.
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from typing import Any
 
 from parsers.vocab import Vocab
 from proxy.engines.base import ContextWindow, EngineError, FinishReason, GenerationRequest, Step, Usage
-from proxy.engines.kv_cache_events import KvCacheEvents, kv_cache_events
-from proxy.engines.kv_event_publisher import RankPublishers
-from proxy.engines.trtllm_harmony import (
+from proxy.engines.trtllm.harmony import (
     GuidedDecoding,
     context_window,
     guided_decoding,
     installed_version,
     sampling_params,
 )
-from proxy.engines.trtllm_serve import ServeCall, run_trtllm_serve
+from proxy.engines.trtllm.kv_cache_events import KvCacheEvents, kv_cache_events
+from proxy.engines.trtllm.kv_event_publisher import RankPublishers
+from proxy.engines.trtllm.serve import ServeCall, run_trtllm_serve
 
 logger = logging.getLogger("harmony_proxy.engine")
 

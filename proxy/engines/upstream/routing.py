@@ -5,8 +5,8 @@ replica that served turn N prefills only what is new. We hold the exact prompt t
 remembers, per replica, the blocks of the prompts sent there (a bounded LRU, as the replica's own cache is). This
 approximate view needs nothing from the engines, at the price of not seeing evictions a replica makes on its own
 (the LRU bound stands in for them). Where a replica publishes its KV-cache events (vLLM's `--kv-events-config`),
-its view is exact instead: `proxy/engines/kv_events.py` keeps the blocks it really holds, and what it holds of a
-prompt is looked up there.
+its view is exact instead: `proxy/engines/upstream/kv_events.py` keeps the blocks it really holds, and what it holds
+of a prompt is looked up there.
 
 A prompt's prefix has two parts. What many conversations share (the system prompt, the tools) is found where
 several continuations followed the same block; the router learns those branch points from the prompts it sends.
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.engines.kv_events import BlockView, chained_keys
+from proxy.engines.upstream.kv_events import BlockView, chained_keys
 
 BLOCK_TOKENS = 64  # routing granularity; a match is counted in whole blocks
 # Tokens of a block that enter its key. Routing only needs to tell conversations apart, and a wrong match costs a

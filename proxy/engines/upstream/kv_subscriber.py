@@ -38,7 +38,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from proxy.engines.kv_events import HeldBlocks, ReplicaBlocks
+from proxy.engines.upstream.kv_events import HeldBlocks, ReplicaBlocks
 
 logger = logging.getLogger("harmony_proxy.engine")
 

@@ -10,7 +10,7 @@ front end), none (`run_headless`), a data-parallel supervisor (`run_dp_superviso
 - the parsing, defaults, config files, validation and error messages are that release's own;
 - `run_server` is replaced by one that keeps the arguments: the engine is then built from them by the path
   `run_server` takes (`AsyncEngineArgs.from_cli_args`, `create_engine_config`, `AsyncLLM.from_vllm_config`:
-  `vllm.py`);
+  `engine.py`);
 - the other ways to serve are replaced by ones that refuse, with the reason: harmony-proxy is the one HTTP front
   end of one engine client in its process (several front ends: its `--workers`).
 """

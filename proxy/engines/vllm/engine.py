@@ -1,6 +1,6 @@
 """The in-process vLLM engine: the AsyncLLM that the installed vLLM's own `vllm serve` start-up builds.
 
-`vllm_serve.py` runs vLLM's own command-line handling; the engine client is then built from those arguments the way
+`serve.py` runs vLLM's own command-line handling; the engine client is then built from those arguments the way
 `run_server` builds it (`vllm/entrypoints/launchers/api_server/entry.py`, `build_async_engine_client`:
 `AsyncEngineArgs.from_cli_args`, `create_engine_config`, `AsyncLLM.from_vllm_config`), in a thread with no event
 loop: that call waits for the engine core process to load the model, and AsyncLLM starts its output tasks on the
@@ -31,8 +31,8 @@ from typing import Any
 
 from parsers.vocab import Vocab
 from proxy.engines.base import ContextWindow, EngineError, FinishReason, GenerationRequest, Step, Usage
-from proxy.engines.upstream_constraints import GuidedDecoding
-from proxy.engines.vllm_serve import parse_vllm_serve
+from proxy.engines.upstream.constraints import GuidedDecoding
+from proxy.engines.vllm.serve import parse_vllm_serve
 
 logger = logging.getLogger("harmony_proxy.engine")
 

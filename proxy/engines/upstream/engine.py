@@ -7,7 +7,7 @@ generated token ids back. Servers ask for token ids differently, and trtllm-serv
 they do not know, so the request follows the upstream's flavor:
 
 - `vllm` (vLLM, harmony-proxy): vLLM's token-only `/inference/v1/generate` where a replica serves it, else
-  `logprobs: 0` with `return_tokens_as_token_ids`, ids in `choices[0].logprobs.tokens` (`upstream_generate.py`:
+  `logprobs: 0` with `return_tokens_as_token_ids`, ids in `choices[0].logprobs.tokens` (`generate.py`:
   `return_token_ids` would echo the whole prompt's ids);
 - `sglang` (SGLang): `return_token_ids`, ids in `choices[0].token_ids`, with `no_stop_trim` (SGLang's name for
   keeping the stop token); SGLang echoes the prompt's ids too, and its OpenAI API has no other way to the ids;
@@ -21,8 +21,8 @@ token boundaries (and so per-token timing) can differ from what the model genera
 Output constraints (a required call, strict arguments, a JSON final answer) travel in the flavor's own guided
 decoding field, in the dialect of the upstream's grammar backend: see `GuidedDecoding`.
 
-The token stream travels over `upstream_http.py` (a lean HTTP/1.1 client, no pool limit of its own: admission
-bounds the requests in flight) and is decoded by `upstream_chunks.py`; httpx serves the rest (health probes, the
+The token stream travels over `http.py` (a lean HTTP/1.1 client, no pool limit of its own: admission
+bounds the requests in flight) and is decoded by `chunks.py`; httpx serves the rest (health probes, the
 replicas' KV-event sources).
 """
 
@@ -40,12 +40,9 @@ import msgspec
 
 from parsers.vocab import Vocab
 from proxy.engines.base import EngineError, FinishReason, GenerationRequest, Step, Usage
-from proxy.engines.kv_events import ReplicaBlocks
-from proxy.engines.kv_subscriber import EventBudget, EventCounts, EventSubscriber
-from proxy.engines.routing import Route, Router, make_router
-from proxy.engines.upstream_chunks import Choice, Chunk, ChunkError, EventReader, UpstreamFailed, decode, error_text
-from proxy.engines.upstream_constraints import GuidedDecoding
-from proxy.engines.upstream_generate import (
+from proxy.engines.upstream.chunks import Choice, Chunk, ChunkError, EventReader, UpstreamFailed, decode, error_text
+from proxy.engines.upstream.constraints import GuidedDecoding
+from proxy.engines.upstream.generate import (
     GENERATE_PATH,
     IDS_IN_LOGPROBS,
     TokenEndpoints,
@@ -53,7 +50,10 @@ from proxy.engines.upstream_generate import (
     ids_from_logprobs,
     server_root,
 )
-from proxy.engines.upstream_http import ConnectionPool, Origin, StreamEnded, UpstreamConnection, UpstreamHTTPError
+from proxy.engines.upstream.http import ConnectionPool, Origin, StreamEnded, UpstreamConnection, UpstreamHTTPError
+from proxy.engines.upstream.kv_events import ReplicaBlocks
+from proxy.engines.upstream.kv_subscriber import EventBudget, EventCounts, EventSubscriber
+from proxy.engines.upstream.routing import Route, Router, make_router
 
 logger = logging.getLogger("harmony_proxy.engine")
 
