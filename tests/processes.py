@@ -27,10 +27,20 @@ def marked(session: str) -> dict[int, str]:
                 continue
             if (entry / "stat").read_text().rpartition(")")[2].split()[0] == "Z":  # exited, not yet reaped
                 continue
-            found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if _own_resource_tracker(entry, command):
+                continue
+            found[int(entry.name)] = command
         except OSError:  # gone meanwhile, or another user's
             continue
     return found
+
+
+def _own_resource_tracker(entry: Path, command: str) -> bool:
+    """multiprocessing's resource tracker of this process: started by the first test that uses multiprocessing, it
+    ends with this process (it reads a pipe this process holds), so it is no leftover."""
+    parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+    return parent == os.getpid() and "multiprocessing.resource_tracker" in command
 
 
 def leftovers(session: str, grace: float = 5.0) -> dict[int, str]:
