@@ -92,7 +92,7 @@ def openapi_document() -> dict[str, Any]:
             "/v1/models": {"get": _operation((), [("client_version", _STRING)])},
             "/v1/models/{model}": {"get": _operation(("model",))},
             "/health": get, "/live": get, "/ready": get, "/metrics": get, "/": get, "/playground": get,
-            "/openapi.json": get,
+            "/openapi.json": get, "/kv_event_sources": get,
         },
     }
 

@@ -17,7 +17,7 @@ from proxy.schema_errors import QUOTE_CHARS, ErrorFinder, first_error, quote
 from tools.cache import ToolCatalog
 from tools.definitions import ToolError, json_depth
 from tools.fast_schema import Predicate, compile_predicate
-from tools.schema_check import UncheckedSchema
+from tools.schema_check import UncheckedSchema, checked_later
 
 T = TypeVar("T")
 
@@ -56,7 +56,8 @@ async def parse_off_loop(parse: Callable[[], T], large: bool) -> T:
     stops there (UncheckedSchema) and runs again in a worker thread, where the schema is checked and remembered."""
     if not large:
         try:
-            return parse()
+            with checked_later():
+                return parse()
         except UncheckedSchema:
             pass
     return await asyncio.to_thread(parse)

@@ -10,9 +10,11 @@ it is not sure of goes to `jsonschema`, which has the last word and words the er
 
 from __future__ import annotations
 
-import asyncio
+import contextvars
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,35 +119,38 @@ class Enforcement:
 
 
 class UncheckedSchema(Exception):
-    """Raised on an event loop's thread for a schema llguidance has not checked yet: llguidance never runs there.
-    Whoever parses a request catches it and parses again in a worker thread (`proxy.validation.parse_off_loop`),
-    where the schema is checked and remembered."""
+    """Raised, inside `checked_later()`, for a schema llguidance has not checked yet: the request's parser
+    (`proxy.validation.parse_off_loop`) parses on the event loop under it, and on this exception parses again in a
+    worker thread, where the schema is checked and remembered. llguidance then never runs on the event loop."""
 
 
 # Each distinct (schema, strict) checked once per process: agents resend the same tools every turn.
 _CHECKED: BoundedCache[tuple[str, bool], Enforcement] = BoundedCache(4096, 64 * 1024 * 1024)
+_LATER: contextvars.ContextVar[bool] = contextvars.ContextVar("schemas_checked_later", default=False)
+
+
+@contextmanager
+def checked_later() -> Iterator[None]:
+    """Within it, a schema not checked yet raises UncheckedSchema instead of being checked here."""
+    token = _LATER.set(True)
+    try:
+        yield
+    finally:
+        _LATER.reset(token)
 
 
 def enforcement(schema: dict[str, Any], strict: bool) -> Enforcement:
     """llguidance's verdict on a schema (0.1 ms to ~1 s within tools.schema_bounds); a relaxed schema is logged the
-    first time it is seen. Off the event loop only: there, an unchecked schema raises UncheckedSchema."""
+    first time it is seen. Inside `checked_later()`, an unchecked schema raises UncheckedSchema."""
     schema_json = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     known = _CHECKED.get((schema_json, strict))
     if known is not None:
         return known
-    if _on_event_loop():
+    if _LATER.get():
         raise UncheckedSchema()
     result = _check(schema_json, strict)
     _CHECKED.put((schema_json, strict), result, len(schema_json))
     return result
-
-
-def _on_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _check(schema_json: str, strict: bool) -> Enforcement:

@@ -208,7 +208,7 @@ class UpstreamEngine:
             self.router.sent(route, replica, request.request_id)
             try:
                 origin, path, sent = await self._target(replica, body, request)
-                response = await self.pool.post(origin, path, msgspec.json.encode(sent), request.trace_headers)
+                response = await self.pool.post(origin, path, msgspec.json.encode(sent), dict(request.trace_headers))
             except UpstreamHTTPError as exc:
                 self.router.finished(route, replica)
                 problems.append(f"{_public(url)}: {exc}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -31,7 +32,7 @@ from proxy.responses.request.input_items import input_list, normalize_items, ref
 from proxy.responses.request.schema import REFUSED_TOOLS, RESPONSES_REQUEST, UNSUPPORTED
 from proxy.responses.request.unseal import Unsealer, off_loop_when_large
 from proxy.store.base import ResponseStore
-from proxy.validation import check, check_tool_types, compile_schema, read_and_parse, refuse_unsupported
+from proxy.validation import check, check_tool_types, compile_schema, parse_off_loop, read_and_parse, refuse_unsupported
 from tools.cache import ToolCatalog
 from tools.definitions import (
     FunctionTool,
@@ -197,7 +198,8 @@ async def resolve(request: ResponsesRequest, store: ResponseStore | None,
     resolved = await resolve_references(request.input_items, store, "input")
     if request.conversation is not None:  # every item of a conversation has an id of its own
         refuse_duplicates([item["id"] for item in history], resolved, "input")
-    _apply(configured_settings(history + resolved), request)
+    settings = configured_settings(history + resolved)
+    await parse_off_loop(partial(_apply, settings, request), large=False)  # a format's new schema: off the loop
     return history, resolved
 
 
