@@ -64,13 +64,13 @@ def schema_structure(levels: int) -> dict[str, Any]:
 
 
 def with_schema_structure(document: Any) -> Any:
-    """The document, each JSON-Schema-valued field of a request body described as a JSON Schema 2 levels deep, so
+    """The document, each JSON-Schema-valued field of a request body described as a JSON Schema a level deep, so
     that schemathesis writes schemas, not bare objects, into response_format, text.format, tools' parameters."""
     if isinstance(document, list):
         return [with_schema_structure(item) for item in document]
     if not isinstance(document, dict):
         return document
-    return {key: schema_structure(2) if key in SCHEMA_FIELDS and value in ({"type": "object"},
+    return {key: schema_structure(1) if key in SCHEMA_FIELDS and value in ({"type": "object"},
                                                                            {"type": ["object", "null"]})
             else with_schema_structure(value) for key, value in document.items()}
 

@@ -283,6 +283,9 @@ class VllmServer:
                # vLLM pins its engine's OpenMP thread to a core ("auto"); on a small machine its API server then
                # answers nothing (no stream, no /metrics, no abort) until a generation ends. Unpinned, they share.
                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+               # One OpenMP thread: on 2 cores shared with the tests, more spin-wait (benchmarks/vllm_frontends_bench.py
+               # measured the engine core 8x costlier per token without it).
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TIKTOKEN_ENCODINGS_BASE": str(_vocab_folder()), "PYTHONUNBUFFERED": "1",
                # its model-info and compile caches: the session's folder (tests/conftest.py), else beside its log
