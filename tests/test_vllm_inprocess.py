@@ -270,3 +270,29 @@ def chat(router: LiveServer, messages: list[dict[str, str]]) -> str:
                           json={"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0})
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"].get("content") or ""
+
+
+def test_workers_front_ends_share_the_one_in_process_engine(tiny_gpt_oss: Path, tmp_path: Path) -> None:
+    """--workers 2: vLLM is built once, in the engine host process, by its own start-up code; two HTTP front ends
+    serve it. Every answer comes from it, and whichever front end answers advertises vLLM's context window and names
+    its KV-event publisher, as the one-process server does."""
+    log = tmp_path / "server.log"
+    server, _ = start_in_process(tiny_gpt_oss, log, ("--workers", "2"))
+    try:
+        assert "2 worker processes" in log.read_text()
+        openai = client(server)
+        for turn in range(4):
+            reply = openai.chat.completions.create(model=MODEL, max_tokens=8,
+                                                   messages=[{"role": "user", "content": f"Turn {turn}."}])
+            assert reply.usage.completion_tokens > 0 and no_markup(reply.choices[0].message.content or "")
+        windows, sources = set(), []
+        for _ in range(6):  # a connection each: the kernel spreads them over the front ends
+            models = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]
+            windows.add(models["max_model_len"])
+            listed = httpx.get(server.url + "/kv_event_sources", timeout=30)
+            assert listed.status_code == 200, listed.text
+            sources.append(listed.json()["0"]["endpoint"])
+        assert len(windows) == 1 and windows.pop() > 0
+        assert len(set(sources)) == 1 and sources[0].startswith("tcp://*:")
+    finally:
+        server.stop()
