@@ -36,10 +36,12 @@ import inspect
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from proxy.engines.replaced import replaced
 
 logger = logging.getLogger("harmony_proxy.engine")
 
@@ -128,8 +130,8 @@ def _run_patched(argv: list[str], on_call: Callable[[ServeCall], None]) -> Any:
         on_call(ServeCall(llm_args, served, named.get("tool_parser"), named))
         real_launch(*bound.args, **bound.kwargs)
 
-    replaced = {"launch_server": launch_server, "OpenAIServer": ServerReplaced}
-    with _replaced(module, replaced), _replaced(servers, {"OpenAIServer": ServerReplaced}):
+    swaps = {"launch_server": launch_server, "OpenAIServer": ServerReplaced}
+    with replaced(module, swaps), replaced(servers, {"OpenAIServer": ServerReplaced}):
         try:
             _run_click(module, [*argv, *_loopback_port()])
         except _Captured as captured:
@@ -242,14 +244,3 @@ def _loopback_port() -> list[str]:
         probe.bind(("127.0.0.1", 0))
         return ["--host", "127.0.0.1", "--port", str(probe.getsockname()[1])]
 
-
-@contextlib.contextmanager
-def _replaced(module: Any, names: dict[str, Any]) -> Iterator[None]:
-    saved = {name: getattr(module, name) for name in names}
-    try:
-        for name, value in names.items():
-            setattr(module, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)

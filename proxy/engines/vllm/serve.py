@@ -24,6 +24,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from proxy.engines.replaced import replaced
+
 _REFUSED = {
     "run_multi_api_server": "several API server processes (--api-server-count > 1, a data-parallel size that "
                             "defaults to one per rank, or the Rust front end): harmony-proxy is the one front end of "
@@ -59,13 +61,13 @@ def parse_vllm_serve(argv: list[str]) -> argparse.Namespace:
     async def keep(args: argparse.Namespace, **kwargs: Any) -> None:
         kept.append(args)
 
-    replaced: dict[str, Any] = {"run_server": keep, **{name: _refusing(why) for name, why in _REFUSED.items()}}
+    swaps: dict[str, Any] = {"run_server": keep, **{name: _refusing(why) for name, why in _REFUSED.items()}}
     with _vllms_own_errors():
         args = parser.parse_args(["serve", *argv])
         command.validate(args)
         if getattr(args, "grpc", False):
             raise VllmServeError("vllm serve --grpc: harmony-proxy serves the OpenAI APIs over its own HTTP server")
-        with _replaced(module, replaced):
+        with replaced(module, swaps):
             command.cmd(args)
     if not kept:
         raise VllmServeError("vllm serve chose no API server to run (nothing to serve)")
@@ -100,14 +102,3 @@ def _refusing(why: str) -> Callable[..., None]:
 
     return refuse
 
-
-@contextlib.contextmanager
-def _replaced(module: Any, names: dict[str, Any]) -> Iterator[None]:
-    saved = {name: getattr(module, name) for name in names}
-    try:
-        for name, value in names.items():
-            setattr(module, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
