@@ -140,6 +140,10 @@ class LiveServer:
             time.sleep(0.01)
         return self
 
+    def running(self) -> bool:
+        """Its uvicorn thread runs: what a wait on this server holds to (tests/waiting.py)."""
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=20)

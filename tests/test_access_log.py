@@ -19,6 +19,7 @@ from proxy.telemetry.access_log import JsonFormatter, RequestIdFilter, TextForma
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER, CALL, WEATHER
 from tests.test_vocab_and_cli import clean_env, free_port, stop, wait_healthy
+from tests.waiting import eventually
 
 LONG = "<|channel|>final<|message|>" + "word " * 300 + "<|return|>"
 PROMPT = "purple elephant 4711"  # text that must not reach the logs unless --log-requests
@@ -129,17 +130,11 @@ def test_no_prompt_or_key_in_the_logs_by_default_and_the_prompt_with_log_request
         with pytest.raises(openai.AuthenticationError):  # a wrong key is not logged either
             openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY + "-wrong", max_retries=0).models.list()
         if server is quiet:
-            deadline = time.monotonic() + 5
-            while sum(r.name == "harmony_proxy.access" for r in logs.records) < 3:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+            eventually(lambda: sum(r.name == "harmony_proxy.access" for r in logs.records) >= 3, still=quiet.running)
             logged = everything_logged(logs)
             assert PROMPT not in logged and KEY not in logged
             logs.clear()
-    deadline = time.monotonic() + 5
-    while sum(r.name == "harmony_proxy.access" for r in logs.records) < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    eventually(lambda: sum(r.name == "harmony_proxy.access" for r in logs.records) >= 3, still=telling.running)
     bodies = [r for r in logs.records if r.name == "harmony_proxy.requests"]
     assert len(bodies) == 2 and all(PROMPT in r.fields["body"] for r in bodies)  # type: ignore[attr-defined]
     assert all("authorization" not in r.fields["headers"] for r in bodies)  # type: ignore[attr-defined]

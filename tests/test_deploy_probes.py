@@ -21,6 +21,7 @@ from proxy.responses.sealing import KEY_ENV
 from tests.conftest import MODEL
 from tests.test_deploy import DEPLOY
 from tests.test_store_processes import ROOT
+from tests.waiting import eventually
 
 SECRET = "the-one-reasoning-key-of-this-deployment"
 
@@ -82,12 +83,12 @@ class Replica:
         except httpx.TransportError:
             return None
 
-    def wait_for(self, path: str, seconds: float = 120) -> None:
-        deadline = time.monotonic() + seconds
-        while self.get(path) != 200:
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.2)
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def wait_for(self, path: str) -> None:
+        """Until `path` answers 200, as long as the replica runs (its log when it ends)."""
+        eventually(lambda: self.get(path) == 200, still=self.running, interval=0.2, why=self.log.read_text)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -121,10 +122,8 @@ def test_compose_probes_with_the_engines_down(tmp_path: Path, postgres_url: str)
                        for part in service["healthcheck"]["test"]]
         assert healthcheck[0] == "CMD"
         program = [sys.executable if healthcheck[1] == "python" else healthcheck[1], *healthcheck[2:]]
-        deadline = time.monotonic() + 120
-        while subprocess.run(program, capture_output=True, timeout=30, check=False).returncode != 0:
-            assert replica.process.poll() is None and time.monotonic() < deadline, replica.log.read_text()
-            time.sleep(0.5)
+        eventually(lambda: subprocess.run(program, capture_output=True, check=False).returncode == 0,
+                   still=replica.running, interval=0.5, why=replica.log.read_text)
         path = service["labels"]["traefik.http.services.proxy.loadbalancer.healthcheck.path"]
         assert replica.get(path) == 503  # Traefik sends it nothing while the engines are down
     finally:

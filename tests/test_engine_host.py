@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -41,6 +41,7 @@ from proxy.engines.remote import RemoteEngine, _Inbox
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER, CALL, client_for, message_answer
 from tests.test_trtllm import ASK, events, model_folder, trtllm_engine
+from tests.waiting import eventually, eventually_async
 from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,19 +88,20 @@ def aborted(folder: Path, prompt_length: int) -> bool:
     return any(e["event"] == "abort" and e["request_id"] in ids for e in recorded)
 
 
-async def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.01)
+def alive(host: subprocess.Popen[bytes] | multiprocessing.process.BaseProcess) -> Callable[[], bool]:
+    """What a wait on the engine host holds to: its process runs."""
+    if isinstance(host, subprocess.Popen):
+        return lambda: host.poll() is None
+    return host.is_alive
 
 
 @contextlib.asynccontextmanager
-async def remote(socket_path: Path) -> AsyncIterator[RemoteEngine]:
+async def remote(socket_path: Path, host_alive: Callable[[], bool]) -> AsyncIterator[RemoteEngine]:
+    """A front end connected to the host at `socket_path`, waited for as long as `host_alive()`."""
     engine = RemoteEngine(socket_path, retry_interval=0.05)
     await engine.start()
     try:
-        await wait_until(lambda: engine.ready, 20, "the front end did not connect to the host")
+        await eventually_async(lambda: engine.ready, still=host_alive, why="the host ended before it was connected")
         yield engine
     finally:
         await engine.close()
@@ -146,14 +148,20 @@ def start_host(socket_path: Path) -> Iterator[Callable[..., subprocess.Popen[byt
         stop(host)
 
 
+class SharedHost(NamedTuple):
+    folder: Path
+    path: Path  # its socket
+    alive: Callable[[], bool]
+
+
 @pytest.fixture(scope="module")
-def shared_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    """A host streaming LONG at 10 ms a step, for the tests that only need a running host: (folder, socket)."""
+def shared_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedHost]:
+    """A host streaming LONG at 10 ms a step, for the tests that only need a running host."""
     folder = model_folder(tmp_path_factory.mktemp("shared"), [LONG], step_seconds="0.01")
     sockets = tempfile.mkdtemp(prefix="engine-host-")
     path = Path(sockets) / "engine.sock"
     host = start_host_process(folder, path)
-    yield folder, path
+    yield SharedHost(folder, path, alive(host))
     stop(host)
     shutil.rmtree(sockets, ignore_errors=True)
 
@@ -181,10 +189,10 @@ def test_a_remote_engine_streams_what_the_engine_streams_in_process(
         GenerationRequest("b", list(range(1, 80)), SamplingParams(300, stop_token_ids=STOPS)),  # 64 cached tokens
         GenerationRequest("c", [5, 6, 7], SamplingParams(4, stop_token_ids=STOPS)),  # cut off: length
     ]
-    start_host(folder, max_batch_size=64)
+    host = start_host(folder, max_batch_size=64)
 
     async def remotely() -> list[list[Step]]:
-        async with remote(socket_path) as engine:
+        async with remote(socket_path, alive(host)) as engine:
             return [await collect(engine.generate(r)) for r in requests]
 
     async def in_process() -> list[list[Step]]:
@@ -240,16 +248,16 @@ def test_steps_waiting_in_the_inbox_are_handed_on_as_one() -> None:
         asyncio.run(received([Step([1]), Step([2]), failure]))
 
 
-def test_closing_the_stream_aborts_the_request_in_the_engine(shared_host: tuple[Path, Path]) -> None:
-    folder, path = shared_host
+def test_closing_the_stream_aborts_the_request_in_the_engine(shared_host: SharedHost) -> None:
+    folder, path, host_alive = shared_host
 
     async def scenario() -> None:
-        async with remote(path) as engine:
+        async with remote(path, host_alive) as engine:
             steps = engine.generate(request(11))
             for _ in range(3):
                 await anext(steps)
             await steps.aclose()
-            await wait_until(lambda: aborted(folder, 11), 5, "the host did not abort the request")
+            await eventually_async(lambda: aborted(folder, 11), still=host_alive, why="the host ended")
             after = await collect(engine.generate(request(12, max_tokens=5)))  # the connection still serves
             assert after[-1].finish_reason == "length" and after[-1].usage == Usage(12, 5, 0)
             assert not aborted(folder, 12)
@@ -257,18 +265,18 @@ def test_closing_the_stream_aborts_the_request_in_the_engine(shared_host: tuple[
     asyncio.run(scenario())
 
 
-def test_a_front_end_that_dies_has_its_requests_aborted(shared_host: tuple[Path, Path]) -> None:
-    folder, path = shared_host
+def test_a_front_end_that_dies_has_its_requests_aborted(shared_host: SharedHost) -> None:
+    folder, path, host_alive = shared_host
     front_end = subprocess.Popen([sys.executable, "-c", FRONT_END, str(path)], stdout=subprocess.PIPE, env=CHILD_ENV)
 
     async def scenario() -> None:
-        async with remote(path) as engine:
+        async with remote(path, host_alive) as engine:
             assert await asyncio.to_thread(front_end.stdout.readline) == b"streaming\n"  # type: ignore[union-attr]
             survivor = engine.generate(request(22, max_tokens=60))
             await anext(survivor)
             front_end.send_signal(signal.SIGKILL)
             await asyncio.to_thread(front_end.wait)
-            await wait_until(lambda: aborted(folder, 21), 5, "the host did not abort the dead front end's request")
+            await eventually_async(lambda: aborted(folder, 21), still=host_alive, why="the host ended")
             rest = await collect(survivor)  # another front end's request goes on
             assert rest[-1].finish_reason == "length" and rest[-1].usage == Usage(22, 60, 0)
             assert not aborted(folder, 22)
@@ -279,8 +287,8 @@ def test_a_front_end_that_dies_has_its_requests_aborted(shared_host: tuple[Path,
         stop(front_end)
 
 
-def test_many_streams_are_multiplexed_on_one_connection(shared_host: tuple[Path, Path], vocab: Vocab) -> None:
-    _, path = shared_host
+def test_many_streams_are_multiplexed_on_one_connection(shared_host: SharedHost, vocab: Vocab) -> None:
+    _, path, host_alive = shared_host
     arrivals: list[tuple[int, bool]] = []
 
     async def stream(engine: RemoteEngine, number: int) -> list[Step]:
@@ -291,7 +299,7 @@ def test_many_streams_are_multiplexed_on_one_connection(shared_host: tuple[Path,
         return steps
 
     async def scenario() -> list[list[Step]]:
-        async with remote(path) as engine:
+        async with remote(path, host_alive) as engine:
             await engine.check_health()  # a round trip to the host's engine.check_health()
             return await asyncio.gather(*(stream(engine, number) for number in range(100)))
 
@@ -307,13 +315,14 @@ def test_not_ready_until_the_host_has_loaded_the_model(
     start_host: Callable[..., Any], socket_path: Path, tmp_path: Path
 ) -> None:
     folder = model_folder(tmp_path, [ANSWER], load_seconds="1.0")
-    start_host(folder)
+    host = start_host(folder)
 
     async def scenario() -> None:
         engine = RemoteEngine(socket_path, retry_interval=0.05)
-        started = time.monotonic()
         await engine.start()
-        assert time.monotonic() - started < 0.1  # the app's lifespan must not wait for the model
+        # The app's lifespan must not wait for the model: started before the host has loaded it (the control: the
+        # host's start-up, then its 1 s load).
+        assert not any(e["event"] == "init" for e in events(folder))
         assert not engine.ready
         with pytest.raises(EngineError) as unhealthy:
             await engine.check_health()
@@ -321,7 +330,7 @@ def test_not_ready_until_the_host_has_loaded_the_model(
             await anext(engine.generate(request(3)))
         assert (unhealthy.value.status, refused.value.status) == (503, 503)
         assert not socket_path.exists()  # nothing to connect to while the model loads
-        await wait_until(lambda: engine.ready, 20, "the front end did not connect once the model loaded")
+        await eventually_async(lambda: engine.ready, still=alive(host), why="the host ended while loading")
         assert any(e["event"] == "init" for e in events(folder))
         await engine.check_health()
         steps = await collect(engine.generate(request(3)))
@@ -341,8 +350,8 @@ def test_sigterm_while_the_model_loads_ends_the_host_at_once(
     while b"loading" not in (line := host.stderr.readline()):  # the LLM is being built
         assert line, "the host ended before loading the model"
     host.terminate()
-    assert host.wait(5) == 128 + signal.SIGTERM  # unwound by SystemExit, so atexit clean-up ran
-    assert events(folder) == []  # the LLM never finished loading
+    assert host.wait() == 128 + signal.SIGTERM  # unwound by SystemExit, so atexit clean-up ran
+    assert events(folder) == []  # the LLM never finished loading: the host ended before the 30 s load did
 
 
 def test_engine_errors_cross_with_their_status_and_code(
@@ -350,7 +359,7 @@ def test_engine_errors_cross_with_their_status_and_code(
 ) -> None:
 
     folder = model_folder(tmp_path, [ANSWER], fail_after="5")
-    start_host(folder, max_num_tokens=16)
+    host = start_host(folder, max_num_tokens=16)
 
     async def outcomes(engine: Any) -> list[tuple[int, int, str | None, str]]:
         results = []
@@ -363,7 +372,7 @@ def test_engine_errors_cross_with_their_status_and_code(
         return results
 
     async def remotely() -> list[tuple[int, int, str | None, str]]:
-        async with remote(socket_path) as engine:
+        async with remote(socket_path, alive(host)) as engine:
             return await outcomes(engine)
 
     async def in_process() -> list[tuple[int, int, str | None, str]]:
@@ -388,7 +397,7 @@ def test_a_host_that_dies_fails_running_requests_and_a_new_one_is_reconnected(
     host = start_host(folder)
 
     async def scenario() -> None:
-        async with remote(socket_path) as engine:
+        async with remote(socket_path, alive(host)) as engine:
             steps = engine.generate(request(3))
             await anext(steps)
             host.kill()
@@ -398,10 +407,10 @@ def test_a_host_that_dies_fails_running_requests_and_a_new_one_is_reconnected(
             assert not engine.ready
             with pytest.raises(EngineError):
                 await engine.check_health()
-            start_host(folder)  # at the same path, where the dead host's socket file is left
-            await wait_until(lambda: engine.ready, 20, "the front end did not reconnect")
-            again = await collect(engine.generate(request(3, max_tokens=5)))
-            assert again[-1].usage == Usage(3, 5, 0)
+            again = start_host(folder)  # at the same path, where the dead host's socket file is left
+            await eventually_async(lambda: engine.ready, still=alive(again), why="the new host ended")
+            steps_again = await collect(engine.generate(request(3, max_tokens=5)))
+            assert steps_again[-1].usage == Usage(3, 5, 0)
 
     asyncio.run(scenario())
 
@@ -418,7 +427,7 @@ def test_sigterm_fails_running_requests_and_shuts_the_engine_down(
     host.start()  # as a supervisor would start it
 
     async def scenario() -> None:
-        async with remote(socket_path) as engine:
+        async with remote(socket_path, alive(host)) as engine:
             steps = engine.generate(request(3))
             await anext(steps)
             host.terminate()
@@ -428,7 +437,7 @@ def test_sigterm_fails_running_requests_and_shuts_the_engine_down(
 
     try:
         asyncio.run(scenario())
-        host.join(10)
+        host.join()
         assert host.exitcode == 0
         assert [e["event"] for e in events(folder)][-2:] == ["abort", "shutdown"]
         assert not socket_path.exists()
@@ -444,11 +453,9 @@ def test_an_http_front_end_on_the_engine_host(
     server = serve(engine=RemoteEngine(socket_path, retry_interval=0.05))
     assert httpx.get(server.base_url + "/health", timeout=5).status_code == 503
     assert httpx.post(server.base_url + "/v1/chat/completions", json=ASK, timeout=5).status_code == 503
-    start_host(folder)
-    deadline = time.monotonic() + 20
-    while httpx.get(server.base_url + "/health", timeout=5).status_code != 200:
-        assert time.monotonic() < deadline, "the front end did not become healthy"
-        time.sleep(0.02)
+    host = start_host(folder)
+    eventually(lambda: httpx.get(server.base_url + "/health", timeout=5).status_code == 200, still=alive(host),
+               interval=0.02, why="the host ended")
     answer = message_answer(client_for(server).chat.completions.create(model=MODEL, messages=ASK["messages"]))
     assert answer == {"reasoning": "Easy.", "content": "It is 18C.", "tool_calls": [], "finish_reason": "stop"}
     body = {**ASK, "stream": True}
@@ -456,10 +463,9 @@ def test_an_http_front_end_on_the_engine_host(
         lines = streamed.iter_lines()
         for _ in range(6):
             next(lines)
-    deadline = time.monotonic() + 5
-    while not any(e["event"] == "abort" for e in events(folder)):  # the client left: aborted in the host
-        assert time.monotonic() < deadline, "the request was not aborted"
-        time.sleep(0.02)
+    # The client left: aborted in the host.
+    eventually(lambda: any(e["event"] == "abort" for e in events(folder)), still=alive(host), interval=0.02,
+               why="the host ended")
 
 
 def test_a_front_end_advertises_what_the_hosts_engine_takes(
@@ -468,14 +474,13 @@ def test_a_front_end_advertises_what_the_hosts_engine_takes(
     """With --workers the engine is built in the host: its greeting says what the built LLM takes (max_num_tokens
     without chunked prefill), and each front end advertises that in /v1/models and the Codex catalog."""
     server = serve(engine=RemoteEngine(socket_path, retry_interval=0.05))
-    start_host(model_folder(tmp_path, [ANSWER]), max_num_tokens=64)
-    deadline = time.monotonic() + 20
-    while True:
+    host = start_host(model_folder(tmp_path, [ANSWER]), max_num_tokens=64)
+
+    def advertised() -> dict[str, Any] | None:
         models = httpx.get(server.base_url + "/v1/models", params={"client_version": "0.171.0"}, timeout=5).json()
-        if models["data"][0]["max_model_len"] == 64:
-            break
-        assert time.monotonic() < deadline, f"the front end advertises {models['data'][0]['max_model_len']}"
-        time.sleep(0.05)
+        return models if models["data"][0]["max_model_len"] == 64 else None
+
+    models = eventually(advertised, still=alive(host), interval=0.05, why="the host ended")
     assert models["models"][0]["context_window"] == 64
 
 
@@ -505,11 +510,13 @@ def test_a_front_end_names_where_the_hosts_engine_publishes_its_kv_cache_events(
     options = folder / "events.yaml"
     options.write_text("kv_cache_config: {enable_block_reuse: true, event_buffer_max_size: 1024}\n")
     server = serve(engine=RemoteEngine(socket_path, retry_interval=0.05))
-    start_host(folder, extra_llm_api_options=options)
-    deadline = time.monotonic() + 20
-    while (listed := httpx.get(server.base_url + "/kv_event_sources", timeout=5)).status_code != 200:
-        assert time.monotonic() < deadline, listed.text
-        time.sleep(0.05)
+    host = start_host(folder, extra_llm_api_options=options)
+
+    def listing() -> httpx.Response | None:
+        listed = httpx.get(server.base_url + "/kv_event_sources", timeout=5)
+        return listed if listed.status_code == 200 else None
+
+    listed = eventually(listing, still=alive(host), interval=0.05, why="the host ended")
     endpoint = listed.json()["0"]["endpoint"]
     assert endpoint.startswith("tcp://*:") and listed.json()["0"]["publisher"] == "zmq"
     subscriber = zmq.Context.instance().socket(zmq.SUB)
@@ -519,7 +526,7 @@ def test_a_front_end_names_where_the_hosts_engine_publishes_its_kv_cache_events(
         time.sleep(0.5)  # a SUB socket gets what is published once it has joined
         body = {"model": MODEL, "prompt": list(range(1, 65)), "max_tokens": 2}
         assert httpx.post(server.base_url + "/v1/completions", json=body, timeout=30).status_code == 200
-        assert subscriber.poll(20_000), "no KV-cache events were published"
+        eventually(lambda: subscriber.poll(100), still=alive(host), interval=0, why="the host ended")
         _topic, sequence, payload = subscriber.recv_multipart()
         _timestamp, published, rank = msgspec.msgpack.decode(payload)
         assert int.from_bytes(sequence, "big") == 0  # the publisher's first batch
@@ -558,7 +565,7 @@ def test_a_front_end_cannot_make_the_host_buffer_more_than_a_request(
     host = start_host(model_folder(tmp_path, [LONG]))
 
     async def ready() -> None:
-        async with remote(socket_path):
+        async with remote(socket_path, alive(host)):
             pass
 
     asyncio.run(ready())
@@ -578,10 +585,9 @@ def test_a_front_end_cannot_make_the_host_buffer_more_than_a_request(
     before = _host_rss_kib(host)
     connection = _greeted(socket_path)
     connection.sendall(wire.HEADER.pack(60 << 20, 1, wire.SUBMIT) + chunk * 50)
-    deadline = time.monotonic() + 60
-    while _host_rss_kib(host) - before < 40 << 10:  # until the host has read most of it
-        assert time.monotonic() < deadline and host.poll() is None
-        time.sleep(0.05)
+    # Until the host has read most of it.
+    eventually(lambda: _host_rss_kib(host) - before >= 40 << 10, still=alive(host), interval=0.05,
+               why="the host ended")
     connection.close()
     time.sleep(0.5)
     kept = _host_rss_kib(host) - before
@@ -593,13 +599,13 @@ def test_a_front_end_cannot_make_the_host_buffer_more_than_a_request(
 
 
 def test_the_host_refuses_token_ids_past_the_vocabulary_and_absurd_max_tokens(
-    shared_host: tuple[Path, Path], vocab: Vocab
+    shared_host: SharedHost, vocab: Vocab
 ) -> None:
-    folder, path = shared_host
+    folder, path, host_alive = shared_host
 
     async def refusals() -> list[EngineError]:
         refused = []
-        async with remote(path) as engine:
+        async with remote(path, host_alive) as engine:
             for prompt, max_tokens in [([1] * 40 + [vocab.vocab_size], 5), ([1] * 41, 10**12)]:
                 with pytest.raises(EngineError) as failed:
                     await collect(engine.generate(GenerationRequest(

@@ -8,14 +8,14 @@ import asyncio
 import os
 import pickle
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
 from proxy.engines import wire
 from proxy.engines.base import GenerationRequest, OutputConstraint, SamplingParams
-from tests.test_engine_host import collect, remote, request, shared_host  # noqa: F401  # shared_host: a fixture
+from tests.test_engine_host import SharedHost, collect, remote, request, shared_host  # noqa: F401  # a fixture
+from tests.waiting import eventually
 from tools.definitions import FunctionTool, ResponseFormat, ToolChoice
 from tools.freeform import Freeform
 
@@ -68,22 +68,22 @@ def test_anything_but_a_request_is_a_protocol_error(payload: bytes) -> None:
         wire.read_request(payload)
 
 
-def test_a_pickle_sent_to_the_host_is_refused_and_runs_nothing(shared_host: tuple[Path, Path],  # noqa: F811
+def test_a_pickle_sent_to_the_host_is_refused_and_runs_nothing(shared_host: SharedHost,  # noqa: F811
                                                                 tmp_path: Path) -> None:
-    _, path = shared_host
+    _, path, host_alive = shared_host
     marker = tmp_path / "pwned"
     exploit = pickle.dumps(RunsACommand(marker))
     assert not marker.exists()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-        client.settimeout(20)
-        deadline = time.monotonic() + 30
-        while True:  # the host binds its socket once the engine is loaded
+        def connected() -> bool:
             try:
                 client.connect(str(path))
-                break
             except (FileNotFoundError, ConnectionRefusedError):
-                assert time.monotonic() < deadline, "the engine host did not listen"
-                time.sleep(0.05)
+                return False
+            return True
+
+        # The host binds its socket once the engine is loaded; a host that never answers is pytest-timeout's.
+        eventually(connected, still=host_alive, interval=0.05, why="the engine host ended before it listened")
         length, _, kind = wire.HEADER.unpack(client.recv(wire.HEADER.size, socket.MSG_WAITALL))
         assert kind == wire.HELLO
         client.recv(length, socket.MSG_WAITALL)
@@ -94,7 +94,7 @@ def test_a_pickle_sent_to_the_host_is_refused_and_runs_nothing(shared_host: tupl
     assert not marker.exists()
 
     async def served() -> int:  # and it goes on serving every other front end
-        async with remote(path) as engine:
+        async with remote(path, host_alive) as engine:
             return len(await collect(engine.generate(request(31, max_tokens=3))))
 
     assert asyncio.run(served()) >= 1

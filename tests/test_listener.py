@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 
 import httpx
 import pytest
@@ -16,6 +15,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from proxy.server.listener import accept_eagerly, new_event_loop
+from tests.waiting import eventually
 
 BURST = 300
 BUSY_TASKS = 300
@@ -88,9 +88,7 @@ def test_uvicorn_serves_on_the_eager_loop() -> None:
     serving = threading.Thread(target=server.run, kwargs={"sockets": [listener]})
     serving.start()
     try:
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(lambda: server.started, still=serving.is_alive, why="uvicorn ended before it started")
         with httpx.Client(base_url=f"http://{address[0]}:{address[1]}") as client:
             assert {client.get("/").text for _ in range(20)} == {"EagerAcceptLoop"}
     finally:

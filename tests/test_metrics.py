@@ -7,7 +7,6 @@ import json
 import random
 import subprocess
 import sys
-import time
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from tests.conftest import MODEL, LiveServer
 from tests.engines import Wrapper
 from tests.test_e2e_chat import ANSWER, CALL, WEATHER
 from tests.test_vocab_and_cli import clean_env, free_port, stop, wait_healthy
+from tests.waiting import eventually
 
 LONG = "<|channel|>final<|message|>" + "word " * 300 + "<|return|>"
 HI = [{"role": "user", "content": "hi"}]
@@ -88,6 +88,12 @@ def scrape(base_url: str, **headers: str) -> Scrape:
     return Scrape(response.text)
 
 
+def scrape_once(base_url: str, name: str, at_least: float, **labels: str) -> Scrape | None:
+    """A scrape once `name` (with `labels`) has reached `at_least`; None before."""
+    scraped = scrape(base_url)
+    return scraped if scraped.value(name, **labels) >= at_least else None
+
+
 def test_counts_after_chat_responses_a_tool_call_a_client_that_leaves_a_4xx_and_an_engine_error(
     serve_app: Callable[[Any], LiveServer], vocab: Vocab, tmp_path: Path
 ) -> None:
@@ -118,10 +124,9 @@ def test_counts_after_chat_responses_a_tool_call_a_client_that_leaves_a_4xx_and_
     with pytest.raises(openai.InternalServerError):
         client.chat.completions.create(model=MODEL, messages=HI, max_tokens=FAIL_MARK)
 
-    deadline = time.monotonic() + 5  # the leaving stream's end is recorded as soon as the server notices
-    while scrape(server.base_url).value("harmony_proxy:client_cancelled_requests_total") < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    # The leaving stream's end is recorded as soon as the server notices.
+    eventually(lambda: scrape_once(server.base_url, "harmony_proxy:client_cancelled_requests_total", 1),
+               still=server.running, interval=0.02)
     metrics = scrape(server.base_url)
     value = metrics.value
     chat = {"route": "/v1/chat/completions", "api": "chat.completions", "method": "POST"}
@@ -181,8 +186,15 @@ def test_gauges_show_running_queued_and_streaming_requests_while_they_last(
                         pass
 
             streams = [asyncio.create_task(stream()) for _ in range(3)]
-            await asyncio.sleep(1.0)  # one generates (3 s of tokens), two wait for its slot
-            during = Scrape((await http.get("/metrics")).text)
+            # Until one generates (3 s of tokens), its headers sent, and two wait for its slot: as long as none has
+            # ended (the control: a stream that ends lets the next one in, and then they are never all in).
+            while True:
+                during = Scrape((await http.get("/metrics")).text)
+                if (during.value("vllm:num_requests_running") == 1 and during.value("vllm:num_requests_waiting") == 2
+                        and during.value("harmony_proxy:active_streams") >= 1):
+                    break
+                assert not any(task.done() for task in streams), "a stream ended before all three were in"
+                await asyncio.sleep(0.02)
             for task in streams:
                 task.cancel()
             await asyncio.gather(*streams, return_exceptions=True)
@@ -192,10 +204,8 @@ def test_gauges_show_running_queued_and_streaming_requests_while_they_last(
     assert during.value("vllm:num_requests_running") == 1
     assert during.value("vllm:num_requests_waiting") == 2
     assert during.value("harmony_proxy:active_streams", api="chat.completions") == 1  # queued ones sent no headers
-    deadline = time.monotonic() + 5
-    while (after := scrape(server.base_url)).value("harmony_proxy:requests_total", route="/v1/chat/completions") < 3:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    after = eventually(lambda: scrape_once(server.base_url, "harmony_proxy:requests_total", 3,
+                                           route="/v1/chat/completions"), still=server.running, interval=0.05)
     assert after.value("vllm:num_requests_running") == 0 and after.value("vllm:num_requests_waiting") == 0
     assert after.value("harmony_proxy:active_streams") == 0
     assert after.value("harmony_proxy:client_cancelled_requests_total") == 3
@@ -207,14 +217,11 @@ def test_a_background_response_is_measured_when_it_ends(
     server = observed_server(serve_app, scripted_engine(vocab, [ANSWER], 0.01), vocab, tmp_path)
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=30)
     queued = client.responses.create(model=MODEL, input="hi", background=True)
-    deadline = time.monotonic() + 10
-    while client.responses.retrieve(queued.id).status in ("queued", "in_progress"):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: client.responses.retrieve(queued.id).status not in ("queued", "in_progress"),
+               still=server.running, interval=0.05)
     done = client.responses.retrieve(queued.id)
-    while (metrics := scrape(server.base_url)).value("vllm:request_success_total") < 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    metrics = eventually(lambda: scrape_once(server.base_url, "vllm:request_success_total", 1), still=server.running,
+                         interval=0.05)
     assert metrics.value("vllm:request_success_total", finished_reason="stop") == 1
     assert metrics.value("vllm:generation_tokens_total") == done.usage.output_tokens
     assert metrics.value("vllm:time_to_first_token_seconds_count") == 1

@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from tests.mcp_servers import Running
 from tests.test_e2e_chat import ANSWER
 from tests.test_mcp_loop import ANSWER as MCP_ANSWER
 from tests.test_mcp_loop import FORECAST, allowing, mcp_tool
+from tests.waiting import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "zebra-quartz-secret"  # in the prompt: it must appear on no span
@@ -98,29 +98,29 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def server_process(tmp_path: Path) -> Iterator[Callable[..., str]]:
-    """server_process(env, *options) -> the base URL of `python -m proxy serve`, stopped at the end."""
+def server_process(tmp_path: Path) -> Iterator[Callable[..., tuple[str, subprocess.Popen[bytes]]]]:
+    """server_process(env, *options) -> the base URL of `python -m proxy serve` and its process, stopped at the end;
+    waited for as long as it runs."""
     processes: list[subprocess.Popen[bytes]] = []
     log = tmp_path / "server.log"
 
-    def start(env: dict[str, str], *options: str) -> str:
+    def start(env: dict[str, str], *options: str) -> tuple[str, subprocess.Popen[bytes]]:
         port = free_port()
         command = [sys.executable, "-m", "proxy", "serve", "--host", "127.0.0.1", "--port", str(port),
                    "--store-path", str(tmp_path / "store.sqlite3"), "--shutdown-timeout", "2", *options]
         environment = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")} | env
         with log.open("ab") as output:
             processes.append(subprocess.Popen(command, cwd=ROOT, stdout=output, stderr=output, env=environment))
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            assert processes[-1].poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the server did not start"
+        url, process = f"http://127.0.0.1:{port}", processes[-1]
+
+        def healthy() -> bool:
             try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    return url
+                return httpx.get(url + "/health", timeout=1).status_code == 200
             except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+                return False
+
+        eventually(healthy, still=lambda: process.poll() is None, interval=0.05, why=log.read_text)
+        return url, process
 
     yield start
     for process in processes:
@@ -129,13 +129,14 @@ def server_process(tmp_path: Path) -> Iterator[Callable[..., str]]:
 
 
 def test_a_request_is_exported_over_otlp_with_its_stages_and_its_trace_goes_upstream(
-    serve_app: Callable[[Any], LiveServer], server_process: Callable[..., str], vocab: Any
+    serve_app: Callable[[Any], LiveServer], server_process: Callable[..., tuple[str, subprocess.Popen[bytes]]],
+    vocab: Any
 ) -> None:
     receiver = otlp_receiver()
     collector = serve_app(receiver)
     upstream_headers: list[dict[str, str]] = []
     upstream = serve_app(headers_seen(fake_upstream(vocab, "vllm", ANSWER), upstream_headers))
-    url = server_process(
+    url, process = server_process(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.base_url, "OTEL_BSP_SCHEDULE_DELAY": "50",
          "OTEL_SERVICE_NAME": "proxy-under-test"},
         "--engine", "upstream", "--upstream-url", upstream.base_url + "/v1", "--served-model-name", MODEL)
@@ -148,11 +149,9 @@ def test_a_request_is_exported_over_otlp_with_its_stages_and_its_trace_goes_upst
     answer = response.json()
 
     spans = receiver.state.spans
-    deadline = time.monotonic() + 10
     # SERVER: the request's own span ends last
-    while not any(span["kind"] == 2 and span["trace_id"] == TRACE_ID for span in spans):
-        assert time.monotonic() < deadline, f"no request span exported: {spans}"
-        time.sleep(0.05)
+    eventually(lambda: any(span["kind"] == 2 and span["trace_id"] == TRACE_ID for span in spans),
+               still=lambda: process.poll() is None, interval=0.05, why=lambda: f"the server ended; spans: {spans}")
     assert all(span["trace_id"] == TRACE_ID for span in spans), spans  # health probes are not traced
     (root,) = [span for span in spans if span["kind"] == 2]
     assert root["parent"] == CALLER_SPAN  # the caller's trace continues
@@ -203,13 +202,10 @@ def test_a_background_response_is_a_child_span_of_its_request(
     server = traced_server(serve_app, vocab, tmp_path, exporter)
     created = httpx.post(server.base_url + "/v1/responses", timeout=30,
                          json={"model": MODEL, "input": "hi", "background": True}).json()
-    deadline = time.monotonic() + 20
-    while httpx.get(f"{server.base_url}/v1/responses/{created['id']}").json()["status"] in ("queued", "in_progress"):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    while not any(span.name == "background" for span in exporter.get_finished_spans()):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: httpx.get(f"{server.base_url}/v1/responses/{created['id']}").json()["status"]
+               not in ("queued", "in_progress"), still=server.running, interval=0.05)
+    eventually(lambda: any(span.name == "background" for span in exporter.get_finished_spans()),
+               still=server.running, interval=0.05)
     spans = exporter.get_finished_spans()
     (post,) = [s for s in spans if s.name == "POST /v1/responses"]
     (background,) = [s for s in spans if s.name == "background"]
@@ -232,14 +228,12 @@ def test_each_response_over_a_websocket_is_a_request_span(
                 "traceparent": f"00-{TRACE_ID}-{CALLER_SPAN}-01"}) as socket:
             for _ in range(2):
                 await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": SECRET}))
-                while json.loads(await asyncio.wait_for(socket.recv(), 10))["type"] != "response.completed":
+                while json.loads(await socket.recv())["type"] != "response.completed":  # a hang: pytest-timeout's
                     pass
 
     asyncio.run(two_turns())
-    deadline = time.monotonic() + 10
-    while len([s for s in exporter.get_finished_spans() if s.name == "WS /v1/responses"]) < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: len([s for s in exporter.get_finished_spans() if s.name == "WS /v1/responses"]) >= 2,
+               still=server.running, interval=0.05)
     spans = exporter.get_finished_spans()
     turns = [s for s in spans if s.name == "WS /v1/responses"]
     for turn in turns:

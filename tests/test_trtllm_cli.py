@@ -152,10 +152,7 @@ def test_a_copied_2026_command_serves_under_its_name_with_its_context(tmp_path: 
     process = subprocess.Popen(command, env=fake_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     try:
-        deadline = time.monotonic() + 300  # three processes start on a busy machine: wait while they are alive
-        while not healthy(port):
-            assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
+        wait_healthy(port, process)  # three processes start on a busy machine: as long as they run
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"][0]
         assert (models["id"], models["max_model_len"]) == ("gpt-oss", 256)  # the longest prompt the LLM takes
         long_prompt = {"model": "gpt-oss", "messages": [{"role": "user", "content": "word " * 300}]}
@@ -177,10 +174,7 @@ def test_workers_serve_a_model_directory_by_its_name_and_list_where_its_events_a
                                 "--extra_llm_api_options", str(options)], env=fake_env(tmp_path),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 300  # three processes start on a busy machine: wait while they are alive
-        while not healthy(port):
-            assert process.poll() is None and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
+        wait_healthy(port, process)  # three processes start on a busy machine: as long as they run
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"]
         assert [model["id"] for model in models] == ["gpt-oss-fake"]
         for _ in range(4):  # whichever front end answers
@@ -189,10 +183,3 @@ def test_workers_serve_a_model_directory_by_its_name_and_list_where_its_events_a
     finally:
         output = stop(process)
     assert "publishing KV-cache events of rank 0" in output
-
-
-def healthy(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False

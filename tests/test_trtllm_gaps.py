@@ -17,7 +17,8 @@ import pytest
 
 from proxy.engines.base import GenerationRequest, SamplingParams
 from tests.test_e2e_chat import ANSWER
-from tests.test_trtllm import events, model_folder, on_surface, trtllm_engine
+from tests.test_trtllm import events, model_folder, on_surface, trtllm_engine, wait_loaded
+from tests.waiting import eventually, eventually_async
 
 EVENTS_ON = {"kv_cache_config": {"enable_block_reuse": True, "event_buffer_max_size": 1024}}
 
@@ -212,13 +213,6 @@ def counters(base_url: str) -> tuple[float, float]:
     return found["vllm:prompt_tokens_total"], found["vllm:prompt_tokens_cached_total"]
 
 
-def wait_for(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + 60  # the fake LLM loads in a side thread; the machine may be busy
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_6_a_router_in_upstream_mode_routes_on_what_each_trtllm_replica_publishes(
     release: str, serve: Any, vocab: Any, tmp_path: Path
 ) -> None:
@@ -231,8 +225,7 @@ def test_6_a_router_in_upstream_mode_routes_on_what_each_trtllm_replica_publishe
         (tmp_path / f"r{n}").mkdir()
         engine = trtllm_engine(vocab, model_folder(tmp_path / f"r{n}", [ANSWER]), **EVENTS_ON)
         replica = serve(engine=engine, served_model_name="gpt-oss")
-        wait_for(lambda replica=replica: httpx.get(replica.base_url + "/health", timeout=5).status_code == 200,
-                 "a replica did not load")
+        wait_loaded(replica)
         sources = httpx.get(replica.base_url + "/kv_event_sources", timeout=5).json()
         assert sources["0"]["publisher"] == "zmq" and sources["0"]["endpoint"].startswith("tcp://*:")
         replicas.append(replica)
@@ -241,8 +234,12 @@ def test_6_a_router_in_upstream_mode_routes_on_what_each_trtllm_replica_publishe
     def hit_ratio(routing: str, seed: int) -> float:
         router = UpstreamEngine(vocab, urls, "gpt-oss", routing=routing)
         proxy = serve(engine=router, served_model_name="gpt-oss")
+
+        def serving() -> bool:
+            return proxy.running() and all(replica.running() for replica in replicas)
+
         if routing == "cache-aware":
-            wait_for(lambda: all(s.publishers for s in router._subscribers), "no publisher found")
+            eventually(lambda: all(s.publishers for s in router._subscribers), still=serving, interval=0.05)
             time.sleep(0.5)  # a SUB socket gets what is published once it has joined
         before = [counters(replica.base_url) for replica in replicas]
         conversations = [[] for _ in range(3)]  # odd: round robin moves each one
@@ -255,7 +252,7 @@ def test_6_a_router_in_upstream_mode_routes_on_what_each_trtllm_replica_publishe
                 assert response.status_code == 200, response.text
                 messages.append({"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]})
                 if routing == "cache-aware":  # what the replica stored has been published and read back
-                    wait_for(lambda: sum(len(s.view) for s in router._subscribers) > 0, "no events read")
+                    eventually(lambda: sum(len(s.view) for s in router._subscribers) > 0, still=serving, interval=0.05)
         after = [counters(replica.base_url) for replica in replicas]
         prompt = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
         cached = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
@@ -319,10 +316,7 @@ def test_6_each_attention_dp_rank_publishes_its_own_events(release: str, tmp_pat
                 async for _ in steps:
                     pass
             for rank, subscriber in sockets.items():
-                for _ in range(200):
-                    if subscriber.poll(0):
-                        break
-                    await asyncio.sleep(0.05)
+                await eventually_async(lambda subscriber=subscriber: subscriber.poll(0), interval=0.05)
                 while subscriber.poll(0):
                     _topic, sequence, payload = subscriber.recv_multipart()
                     received[rank].append((int.from_bytes(sequence, "big"), msgspec.msgpack.decode(payload)))
@@ -368,9 +362,7 @@ def test_6_a_published_batch_is_what_vllms_own_decoder_reads() -> None:
                "block_size": 4, "kv_cache_spec_kind": "full_attention"},
               {"type": "BlockRemoved", "block_hashes": [7]}, {"type": "AllBlocksCleared"}]
     try:
-        deadline = time.monotonic() + 10
         while not subscriber.poll(50):  # a SUB socket gets what is published once it has joined: publish until then
-            assert time.monotonic() < deadline, "the subscriber never joined"
             publisher.publish(events)
         frames = subscriber.recv_multipart()
     finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import yaml
 
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER
-from tests.test_trtllm import events, model_folder, on_surface
+from tests.test_trtllm import events, model_folder, on_surface, wait_loaded
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "trtllm"
 RELEASES = ("gpt-oss-dev", "1.0", "1.1", "1.2", "1.3", "1.4")
@@ -254,10 +253,7 @@ def test_models_the_codex_catalog_and_the_400_agree_with_the_engine(
     from proxy.engines.trtllm.engine import TrtllmEngine
 
     server = serve(engine=TrtllmEngine([str(model_folder(tmp_path, [ANSWER])), *flags], vocab))
-    deadline = time.monotonic() + 20  # the LLM loads in a side thread
-    while httpx.get(server.base_url + "/health", timeout=5).status_code != 200:
-        assert time.monotonic() < deadline, "the engine did not load"
-        time.sleep(0.05)
+    wait_loaded(server)  # the LLM loads in a side thread
     models = httpx.get(server.base_url + "/v1/models", params={"client_version": "0.169.0"}, timeout=10).json()
     assert models["data"][0]["max_model_len"] == prompt_limit
     assert models["models"][0]["context_window"] == prompt_limit

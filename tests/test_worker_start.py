@@ -41,7 +41,8 @@ class Started:
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -69,9 +70,10 @@ class Started:
             try:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                self.process.kill()
+                self.process.kill()  # its workers may be left holding the output: what was read so far
                 self.process.wait()
-        time.sleep(0.2)  # the reader's last lines
+                return "".join(self.output)
+        self._reader.join()  # its last lines: the output ends once the server and its workers have exited
         return "".join(self.output)
 
 
