@@ -185,8 +185,8 @@ async def watch(watcher: BackgroundJobs, seconds: float) -> None:
     """Look at the heartbeats every 20 ms for `seconds` of the loop's time, as a process's watcher does (every
     lease / 10): the scenario's pace between an owner's renewals, not a bound the test fails at. However few looks
     a busy machine fits in, none sees a heartbeat unchanged for longer than these seconds."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while asyncio.get_running_loop().time() < deadline:
+    until = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < until:
         await watcher.sweep()
         await asyncio.sleep(0.02)
 
