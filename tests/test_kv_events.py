@@ -305,23 +305,35 @@ def test_the_cache_size_is_read_from_vllms_metrics() -> None:
 # A replica's publishers, on loopback
 
 
-async def follow(url: str, until: Callable[[EventSubscriber], bool], bindable: tuple[str, ...] = (),
-                 action: Callable[[], Any] | None = None) -> EventSubscriber:
-    """An EventSubscriber following the replica at `url` until `until` holds (asked every 50 ms); `action` is
+class Following(EventSubscriber):
+    """An EventSubscriber a test can ask whether it still follows."""
+
+    def running(self) -> bool:
+        """Whether its task runs (a task that ended by an error is shown)."""
+        if self._task is not None and self._task.done() and not self._task.cancelled() and self._task.exception():
+            raise AssertionError("the follower failed") from self._task.exception()
+        return self._task is None or not self._task.done()
+
+
+async def follow(url: str, until: Callable[[Following], bool], bindable: tuple[str, ...] = (),
+                 action: Callable[[], Any] | None = None,
+                 still: Callable[[Following], bool] = lambda follower: follower.running()) -> Following:
+    """An EventSubscriber following the replica at `url` until `until` holds (asked every 50 ms), as long as it
+    takes while `still` holds (by default, while the follower runs; pytest-timeout catches a hang); `action` is
     repeated meanwhile (publishing, say: ZMQ delivers only what is sent after a subscription joins)."""
     async with httpx.AsyncClient() as client:
-        follower = EventSubscriber(url, ReplicaBlocks(), client, bindable=bindable)
+        follower = Following(url, ReplicaBlocks(), client, bindable=bindable)
         follower.start()
         try:
-            deadline = time.monotonic() + 30
             while not until(follower):
-                assert time.monotonic() < deadline, "timed out"
+                assert still(follower), "the follower stopped, or believed what it must not, before the condition held"
                 if action is not None:
                     action()
                 await asyncio.sleep(0.05)
         finally:
             await follower.close()
         return follower
+
 
 
 def listening(host: str, port: int) -> bool:
@@ -382,8 +394,9 @@ def test_a_replica_cannot_make_harmony_proxy_listen_where_it_says(serve_app: Cal
                                payload([BlockStored([81, 82], None, prompt, SIZE)])])
 
     try:
-        follower = asyncio.run(follow(replica.base_url, lambda f: f._task is not None and f._task.done(),
-                                      action=forge))
+        # As long as it believes nothing forged: a follower that listened there would read the forger's blocks.
+        follower = asyncio.run(follow(replica.base_url, lambda f: not f.running(), action=forge,
+                                      still=lambda f: len(f.view) == 0))
         assert follower.publishers is None and len(follower.view) == 0
         assert not listening("127.0.0.2", port)
         # Allowed by name (--upstream-kv-events-bind), that one address is listened on, and what arrives is read.
@@ -414,16 +427,15 @@ def test_a_message_past_the_size_bound_ends_the_connection_and_it_is_opened_agai
 
     async def run() -> EventSubscriber:
         async with httpx.AsyncClient() as client:
-            follower = EventSubscriber(replica.base_url, ReplicaBlocks(), client)
+            follower = Following(replica.base_url, ReplicaBlocks(), client)
             follower.start()
             try:
-                deadline = time.monotonic() + 30
                 for condition, oversized in ((lambda: len(follower.view) == 1, False),
                                              (lambda: follower.counts.disconnects == 1, True),
                                              (lambda: len(follower.view) == 1, False)):
                     stage["oversized"] = oversized
-                    while not condition():
-                        assert time.monotonic() < deadline, "timed out"
+                    while not condition():  # as long as it runs (pytest-timeout catches a hang)
+                        assert follower.running(), "the follower stopped"
                         publish()
                         await asyncio.sleep(0.05)
             finally:

@@ -17,7 +17,8 @@ from proxy.responses.transport.jobs import BackgroundJobs
 from proxy.store.base import StoreUnavailable
 from proxy.store.postgres import PostgresResponseStore
 from tests.postgres import PostgresServer
-from tests.test_store_processes import LONG, ROOT, ServerProcess, _record, _text
+from tests.test_store_processes import LONG, ROOT, Looks, ServerProcess, _record, _text
+from tests.waiting import eventually
 
 LEASE = 1.0
 
@@ -43,7 +44,8 @@ def test_a_watcher_back_from_a_frozen_database_gives_the_owner_a_lease(postgres:
         owner, other = PostgresResponseStore(postgres_url), PostgresResponseStore(postgres_url)
         await owner.open()
         await other.open()
-        watcher = BackgroundJobs(other, lease=LEASE)
+        looks = Looks(LEASE)
+        watcher = BackgroundJobs(other, lease=LEASE, clock=looks)
         await owner.save(_record(1, 0, False))
         stop = asyncio.Event()
         watching = asyncio.create_task(_keep_watching(watcher, stop))
@@ -55,9 +57,13 @@ def test_a_watcher_back_from_a_frozen_database_gives_the_owner_a_lease(postgres:
             await owner.renew()
             assert (await owner.load("resp_1_0")).resource["status"] == "in_progress"
             await asyncio.sleep(LEASE / 5)
-        deadline = time.monotonic() + 10 * LEASE  # the owner stops renewing, as a killed process would
-        while (await owner.load("resp_1_0")).resource["status"] == "in_progress":
-            assert time.monotonic() < deadline
+        looks.mark()  # the owner stops renewing, as a killed process would: a steady lease of looks ends its job
+        while True:
+            steady = looks.steady()  # of looks over before the job's status is read
+            if (await owner.load("resp_1_0")).resource["status"] != "in_progress":
+                break
+            assert not watching.done(), watching
+            assert steady < LEASE, "a steady lease of looks since the owner's last renewal left its job"
             await asyncio.sleep(0.05)
         stop.set()
         await watching
@@ -80,17 +86,13 @@ def test_replicas_through_a_database_frozen_longer_than_the_lease(tmp_path: Path
     owner, other = (ServerProcess(script, postgres_url, log, "--token-delay-ms", "80") for log in logs)
     try:
         jobs = [owner.create(background=True) for _ in range(3)]  # 400 tokens at 80 ms: about 32 s each
-        deadline = time.monotonic() + 20
-        while not all(_text(other.get(job["id"])) for job in jobs):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        both = lambda: owner.running() and other.running()
+        eventually(lambda: all(_text(other.get(job["id"])) for job in jobs), still=both, interval=0.1)
         with postgres.frozen():
             time.sleep(15)
-        deadline = time.monotonic() + 90
-        while any((status := other.get(job["id"])["status"]) == "in_progress" for job in jobs):
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
-        assert [other.get(job["id"])["status"] for job in jobs] == ["completed"] * 3, status
+        eventually(lambda: all(other.get(job["id"])["status"] != "in_progress" for job in jobs), still=both,
+                   interval=0.5)
+        assert [other.get(job["id"])["status"] for job in jobs] == ["completed"] * 3
         assert all(len(_text(other.get(job["id"])).split()) == 400 for job in jobs)
     finally:
         owner.stop()
@@ -116,10 +118,7 @@ def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(tmp_path:
                 time.sleep(0.5)
         finally:
             postgres.start()
-        deadline = time.monotonic() + 30
-        while server.request("GET", "/ready").status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        eventually(lambda: server.request("GET", "/ready").status_code == 200, still=server.running, interval=0.2)
     finally:
         server.stop()
     log = server.log_text()

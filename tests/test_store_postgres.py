@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -55,19 +56,31 @@ def _count(server: ServerProcess, **body: Any) -> int:
     return response.json()["input_tokens"]
 
 
-def _wait(condition: Any, seconds: float = 10) -> Any:
-    deadline = time.monotonic() + seconds
+def _wait(condition: Any, *running: ServerProcess, postgres: PostgresServer | None = None) -> Any:
+    """`condition()`'s first true value, waited for as long as it takes (pytest-timeout catches a hang); a failure at
+    once, with its log, when a server process in `running` exits, or the PostgreSQL server of `postgres` stops."""
     while not (value := condition()):
-        assert time.monotonic() < deadline, "timed out"
+        for server in running:
+            server.running()
+        assert postgres is None or _postgres_runs(postgres), "the PostgreSQL server stopped"
         time.sleep(0.05)
     return value
+
+
+def _postgres_runs(postgres: PostgresServer) -> bool:
+    try:
+        pid = int((postgres.folder / "data" / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
 
 
 def test_two_replicas_share_one_database(replicas: Any) -> None:
     one, two = replicas(2)
     # A background response started on one: read and cancelled on the other.
     job = one.create(background=True)
-    seen = _wait(lambda: _text(got := two.get(job["id"])) and got)
+    seen = _wait(lambda: _text(got := two.get(job["id"])) and got, one, two)
     assert seen["status"] == "in_progress"
     cancelled = two.request("POST", f"/v1/responses/{job['id']}/cancel").json()
     assert cancelled["status"] == "cancelled"  # not completed: the cancel crossed replicas while the job ran
@@ -79,7 +92,7 @@ def test_two_replicas_share_one_database(replicas: Any) -> None:
         events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: ")]
     final = events[-1]["response"]
     assert final["status"] == "incomplete"
-    assert _wait(lambda: two.request("GET", f"/v1/responses/{final['id']}").status_code == 200)
+    assert _wait(lambda: two.request("GET", f"/v1/responses/{final['id']}").status_code == 200, one, two)
     assert two.get(final["id"]) == final
 
     # A chain continued across them: each replica renders the whole chain from the shared store.
@@ -117,7 +130,7 @@ def test_sigkill_loses_nothing_acknowledged(replicas: Any) -> None:
         assert added.status_code == 200
         acknowledged.append(server.create(input=f"q{n}", max_output_tokens=16))
     job = one.create(background=True)
-    _wait(lambda: _text(two.get(job["id"])))
+    _wait(lambda: _text(two.get(job["id"])), one, two)
     for victim, survivor in [(one, two), (two, None)]:
         victim.process.send_signal(signal.SIGKILL)
         victim.process.wait(timeout=30)
@@ -135,7 +148,7 @@ def test_database_restart_gives_503s_and_recovers(replicas: Any, postgres: Postg
     (server,) = replicas()
     kept = server.create(input="kept", max_output_tokens=16)
     job = server.create(background=True, max_output_tokens=100)  # about 2 s at 20 ms a token
-    _wait(lambda: _text(server.get(job["id"])))
+    _wait(lambda: _text(server.get(job["id"])), server)
     postgres.stop()
     try:
         for method, path, body in [("GET", f"/v1/responses/{kept['id']}", None),
@@ -153,7 +166,7 @@ def test_database_restart_gives_503s_and_recovers(replicas: Any, postgres: Postg
         assert server.request("GET", "/health").status_code == 200  # the process itself is fine
         assert server.request("GET", "/ready").json()["error"]["code"] == "store_unavailable"  # send no traffic
         # The background response ends while the database is away (its process shows it until it is saved).
-        _wait(lambda: server.get(job["id"])["status"] == "incomplete", seconds=20)
+        _wait(lambda: server.get(job["id"])["status"] == "incomplete", server)
     finally:
         postgres.start()
 
@@ -162,8 +175,10 @@ def test_database_restart_gives_503s_and_recovers(replicas: Any, postgres: Postg
             row = db.execute("SELECT status FROM responses WHERE id = %s", (job["id"],)).fetchone()
         return row[0] if row and row[0] not in ("queued", "in_progress") else None
 
-    assert _wait(stored_status, seconds=15) == "incomplete"  # its end was saved once the database was back
-    assert _wait(lambda: server.request("GET", f"/v1/responses/{kept['id']}").status_code == 200)
+    # Its end was saved once the database was back.
+    assert _wait(stored_status, server, postgres=postgres) == "incomplete"
+    assert _wait(lambda: server.request("GET", f"/v1/responses/{kept['id']}").status_code == 200, server,
+                 postgres=postgres)
     assert server.request("GET", "/ready").status_code == 200
     assert server.get(job["id"])["status"] == "incomplete"
     follow = server.create(input="again", max_output_tokens=16, previous_response_id=kept["id"])
@@ -173,7 +188,7 @@ def test_database_restart_gives_503s_and_recovers(replicas: Any, postgres: Postg
     # A server told to stop while the database is away stops, within its shutdown timeout, without hanging on
     # the saves it cannot make (another replica ends its job once the heartbeat is older than the lease).
     running = server.create(background=True)
-    _wait(lambda: _text(server.get(running["id"])))
+    _wait(lambda: _text(server.get(running["id"])), server)
     postgres.stop()
     try:
         asked = time.monotonic()

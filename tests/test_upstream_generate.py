@@ -6,7 +6,6 @@ against the real vLLM: tests/test_vllm.py, tests/test_vllm_routing.py."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ from proxy.engines.upstream.generate import ids_from_logprobs
 from tests.conftest import MODEL, LiveServer
 from tests.fake_upstreams import fake_upstream
 from tests.test_e2e_chat import ANSWER, CALL, WEATHER, client_for, message_answer
+from tests.waiting import eventually
 
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
@@ -101,10 +101,7 @@ def test_a_replica_not_ready_at_start_is_asked_by_the_first_request(
     upstream = serve_app(app)
     engine = UpstreamEngine(vocab, [upstream.base_url + "/v1"], MODEL, "vllm")
     proxy = serve(engine=engine)
-    deadline = time.monotonic() + 10
-    while app.state.probes < 1:  # the start-up probe
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: app.state.probes >= 1, interval=0.05)  # the start-up probe
     assert engine._endpoints.known(0) is None
     app.state.token_endpoint = "on"
     client_for(proxy).chat.completions.create(model=MODEL, messages=ASK)

@@ -42,6 +42,7 @@ from tests.test_vllm_constraints import (
     tool,
 )
 from tests.vllm_server import ROOT, VllmServer, free_port, kv_event_flags, vllm_python
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(900)
 ENGINE = 'engine="'  # the label of vLLM's own engine metrics
@@ -51,20 +52,59 @@ FLAGS = ("--structured-outputs-config.backend", "guidance", "--enable-prompt-tok
 
 
 def start_in_process(model: Path, log: Path, extra: tuple[str, ...] = ()) -> tuple[VllmServer, list[int]]:
-    """A started harmony-proxy --engine vllm with KV-cache events, and its /health codes while vLLM loaded."""
+    """A started harmony-proxy --engine vllm with KV-cache events, and its /health codes while vLLM loaded: waited
+    for as long as its process runs (a start takes minutes on a busy machine; pytest-timeout catches a hang)."""
     server = VllmServer.in_process(model, (*FLAGS, *kv_event_flags(free_port()), *extra), log_path=log).start()
     codes: list[int] = []
-    deadline = time.monotonic() + 600
-    while True:
-        assert server.process is not None and server.process.poll() is None, server.log_tail()
-        assert time.monotonic() < deadline, server.log_tail()
+
+    def healthy() -> bool:
         try:
             codes.append(httpx.get(server.url + "/health", timeout=5).status_code)
         except httpx.HTTPError:
             pass
-        if codes and codes[-1] == 200:
-            return server, codes
-        time.sleep(0.3)
+        return bool(codes) and codes[-1] == 200
+
+    # Each front end (--workers) says when its engine connection is ready: until all have, a connection the kernel
+    # gives to one still starting sees the command line's context window, not vLLM's.
+    workers = int(extra[extra.index("--workers") + 1]) if "--workers" in extra else 1
+    try:
+        eventually(healthy, still=lambda: running(server), interval=0.3)
+        eventually(lambda: log.read_text(errors="replace").count("engine is ready, serving") >= workers,
+                   still=lambda: running(server), interval=0.1)
+    except BaseException:
+        stop(server)
+        raise
+    return server, codes
+
+
+def stop(server: VllmServer) -> None:
+    """Stop it, and wait for its whole process group to be gone: with --workers the engine host outlives the front
+    ends' parent for seconds (vLLM's own shutdown), and then multiprocessing's resource tracker cleans up."""
+    server.stop()
+    group = server.process.pid if server.process is not None else -1
+    eventually(lambda: not any(_group(stat) == group for stat in Path("/proc").glob("[0-9]*/stat")), interval=0.1)
+
+
+def _group(stat: Path) -> int | None:
+    """The process group of a running process; None for one gone, or exited and not yet reaped."""
+    try:
+        fields = stat.read_text().rpartition(")")[2].split()
+        return None if fields[0] == "Z" else int(fields[2])
+    except (OSError, ValueError, IndexError):  # gone meanwhile
+        return None
+
+
+def following(subscribers: list[Any]) -> bool:
+    """Whether every KV-event subscriber (proxy/engines/upstream/kv_subscriber.py) still runs: one that gave up on
+    its replica's events would never see what the test waits for."""
+    return all(subscriber._task is not None and not subscriber._task.done() for subscriber in subscribers)
+
+
+def running(*servers: VllmServer) -> bool:
+    """True while every server's process runs; a failure with its log's tail once one has exited."""
+    for server in servers:
+        assert server.process is not None and server.process.poll() is None, server.log_tail()
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +113,7 @@ def inprocess(tiny_gpt_oss: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     try:
         yield {"server": server, "while_loading": codes}
     finally:
-        server.stop()
+        stop(server)
 
 
 def client(server: VllmServer) -> Any:
@@ -125,7 +165,7 @@ def test_responses_and_a_websocket_turn(inprocess: dict[str, Any]) -> None:
             await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "Go on.",
                                           "max_output_tokens": 16, "store": False}))
             while True:
-                event = json.loads(await asyncio.wait_for(socket.recv(), 120))
+                event = json.loads(await socket.recv())  # as long as it takes: pytest-timeout catches a hang
                 if event["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
                     return event
 
@@ -175,18 +215,22 @@ def test_a_client_that_leaves_frees_vllm(inprocess: dict[str, Any]) -> None:
         lines = response.iter_lines()
         for _ in range(8):
             next(lines)
-        deadline = time.monotonic() + 60
-        while server.metrics(ENGINE)["vllm:num_requests_running"] != 1:
-            assert time.monotonic() < deadline, "vLLM does not run the request"
-            time.sleep(0.05)
+        # vLLM's gauge counts it once its metrics are published: as long as the stream runs and vLLM does.
+        eventually(lambda: server.metrics(ENGINE)["vllm:num_requests_running"] == 1, still=lambda: running(server),
+                   interval=0.05)
         generating = server.metrics(ENGINE)["vllm:generation_tokens_total"]
         left = time.monotonic()
-    while server.metrics(ENGINE)["vllm:num_requests_running"] != 0:
-        time.sleep(0.05)
+    eventually(lambda: server.metrics(ENGINE)["vllm:num_requests_running"] == 0, still=lambda: running(server),
+               interval=0.05)
     print(f"vLLM's engine freed the request {time.monotonic() - left:.2f} s after the client left")
     generated = server.metrics(ENGINE)["vllm:generation_tokens_total"]
-    time.sleep(0.5)
-    assert server.metrics(ENGINE)["vllm:generation_tokens_total"] == generated
+    # The control, for "it generates no more": a request of a few tokens after it. Its steps would count the left
+    # request's tokens too; once its own are counted, nothing else was.
+    control = client(server).chat.completions.create(model=MODEL, messages=ASK, max_tokens=4)
+    more = control.usage.completion_tokens
+    eventually(lambda: server.metrics(ENGINE)["vllm:generation_tokens_total"] >= generated + more,
+               still=lambda: running(server), interval=0.05)
+    assert server.metrics(ENGINE)["vllm:generation_tokens_total"] == generated + more
     assert generated - generating < 2000 - 8
 
 
@@ -237,17 +281,18 @@ def test_a_router_routes_on_the_replicas_own_events(inprocess: dict[str, Any], t
         recording = Recording(engine)
         router = serve(engine=recording, served_model_name=MODEL)
         subscribers = engine._subscribers
-        wait_for(lambda: all(subscriber.publishers for subscriber in subscribers))
+        both = lambda: running(*replicas) and following(subscribers)
+        eventually(lambda: all(subscriber.publishers for subscriber in subscribers), still=both, interval=0.1)
         time.sleep(1.0)  # ZMQ delivers only what is published after a subscription joins
         held = [subscriber.view for subscriber in subscribers]
         messages = [{"role": "user", "content": f"{uuid.uuid4()} " + " ".join(f"w{n}" for n in range(700))}]
         answer = chat(router, messages)
         prompt = recording.requests[-1].prompt_token_ids
-        wait_for(lambda: held[0].block_size is not None or held[1].block_size is not None)
+        eventually(lambda: held[0].block_size is not None or held[1].block_size is not None, still=both, interval=0.1)
         holder = 0 if held[0].block_size is not None else 1
         size = held[holder].block_size
         whole = len(prompt) // size * size
-        wait_for(lambda: held[holder].matched_tokens(chained_keys(prompt, size)) >= whole)
+        eventually(lambda: held[holder].matched_tokens(chained_keys(prompt, size)) >= whole, still=both, interval=0.1)
         assert held[1 - holder].matched_tokens(chained_keys(prompt, size)) == 0
 
         hits_before = replicas[holder].metrics(ENGINE).get("vllm:prefix_cache_hits_total", 0.0)
@@ -255,14 +300,7 @@ def test_a_router_routes_on_the_replicas_own_events(inprocess: dict[str, Any], t
         chat(router, messages)
         assert replicas[holder].metrics(ENGINE)["vllm:prefix_cache_hits_total"] - hits_before >= whole - size
     finally:
-        second.stop()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+        stop(second)
 
 
 def chat(router: LiveServer, messages: list[dict[str, str]]) -> str:
@@ -295,4 +333,4 @@ def test_workers_front_ends_share_the_one_in_process_engine(tiny_gpt_oss: Path, 
         assert len(windows) == 1 and windows.pop() > 0
         assert len(set(sources)) == 1 and sources[0].startswith("tcp://*:")
     finally:
-        server.stop()
+        stop(server)

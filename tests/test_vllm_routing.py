@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +26,7 @@ from proxy.engines.upstream.kv_events import chained_keys
 from tests.conftest import LiveServer
 from tests.engines import Recording
 from tests.vllm_server import VllmServer, free_port, kv_event_flags, start_vllm
+from tests.waiting import eventually
 
 HITS = "vllm:prefix_cache_hits_total"
 
@@ -51,11 +53,17 @@ def replicas(vllm: VllmServer, tiny_gpt_oss: Path, tmp_path_factory: pytest.Temp
         server.__exit__(None, None, None)
 
 
-def wait_for(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
+def running(*servers: VllmServer) -> bool:
+    """True while every replica's process runs; a failure with its log's tail once one has exited."""
+    for server in servers:
+        assert server.process is not None and server.process.poll() is None, server.log_tail()
+    return True
+
+
+def following(*subscribers: Any) -> bool:
+    """Whether each KV-event subscriber (proxy/engines/upstream/kv_subscriber.py) still runs: one that gave up on
+    its replica's events would never see what the test waits for."""
+    return all(subscriber._task is not None and not subscriber._task.done() for subscriber in subscribers)
 
 
 def chat(proxy: LiveServer, model: str, messages: list[dict[str, str]]) -> str:
@@ -70,8 +78,11 @@ def test_the_router_sees_what_each_real_replica_holds(replicas: list[VllmServer]
     recording = Recording(engine)
     proxy = serve(engine=recording, served_model_name=replicas[0].model)
     subscribers = engine._subscribers
-    wait_for(lambda: all(subscriber.publishers is not None for subscriber in subscribers))
-    wait_for(lambda: engine._endpoints.known(0) and engine._endpoints.known(1))  # both serve the token-only endpoint
+    # Each wait lasts as long as the replicas run and the subscribers follow them (pytest-timeout catches a hang).
+    live = lambda: running(*replicas) and following(*subscribers)
+    eventually(lambda: all(subscriber.publishers is not None for subscriber in subscribers), still=live, interval=0.1)
+    eventually(lambda: bool(engine._endpoints.known(0) and engine._endpoints.known(1)), still=live,
+               interval=0.1)  # both serve the token-only endpoint
     time.sleep(1.0)  # ZMQ delivers only what is published after a subscription joins
     held = [subscriber.view for subscriber in subscribers]
     # Each view is bounded by what its replica's cache holds, as vLLM's own /metrics says (num_gpu_blocks).
@@ -84,12 +95,12 @@ def test_the_router_sees_what_each_real_replica_holds(replicas: list[VllmServer]
     messages = [{"role": "user", "content": user}]
     answer = chat(proxy, replicas[0].model, messages)
     prompt = recording.requests[-1].prompt_token_ids
-    wait_for(lambda: held[0].block_size is not None)
+    eventually(lambda: held[0].block_size is not None, still=live, interval=0.1)
     size = held[0].block_size
     whole = len(prompt) // size * size
     # Both replicas are idle and equally loaded: the first takes it. Its events say it holds the whole prompt, in
     # full blocks; the other holds none of it.
-    wait_for(lambda: held[0].matched_tokens(chained_keys(prompt, size)) >= whole)
+    eventually(lambda: held[0].matched_tokens(chained_keys(prompt, size)) >= whole, still=live, interval=0.1)
     assert held[1].matched_tokens(chained_keys(prompt, size)) == 0
 
     # The next turn goes where its prefix is, and vLLM's own counter shows it reused what the events said.
@@ -105,7 +116,7 @@ def test_the_router_sees_what_each_real_replica_holds(replicas: list[VllmServer]
     httpx.post(replicas[0].url + "/inference/v1/generate", timeout=120, json={
         "model": replicas[0].model, "token_ids": list(range(1000, 1300)),
         "sampling_params": {"max_tokens": 1}}).raise_for_status()
-    wait_for(lambda: held[0].matched_tokens(chained_keys(prompt, size)) == 0)
+    eventually(lambda: held[0].matched_tokens(chained_keys(prompt, size)) == 0, still=live, interval=0.1)
     assert held[0].matched_tokens(chained_keys(list(range(1000, 1300)), size)) == 2 * size
 
 
@@ -114,9 +125,11 @@ def test_a_replica_publishing_nothing_is_routed_on_what_was_sent(vllm: VllmServe
     mock = serve()
     engine = UpstreamEngine(vocab, [vllm.base_url, mock.base_url + "/v1"], vllm.model)
     serve(engine=engine, served_model_name=vllm.model)
-    wait_for(lambda: engine._subscribers[0].publishers is not None)
-    wait_for(lambda: engine._subscribers[1]._task.done(), timeout=10)  # it asked once, and was told 404
+    eventually(lambda: engine._subscribers[0].publishers is not None,
+               still=lambda: running(vllm) and following(engine._subscribers[0]), interval=0.1)
+    eventually(lambda: engine._subscribers[1]._task.done(), interval=0.1)  # it asked once, and was told 404
     assert engine._subscribers[1].publishers is None
-    wait_for(lambda: None not in (engine._endpoints.known(0), engine._endpoints.known(1)))
+    eventually(lambda: None not in (engine._endpoints.known(0), engine._endpoints.known(1)),
+               still=lambda: running(vllm), interval=0.1)
     assert engine._endpoints.known(0) is True and engine._endpoints.known(1) is False  # harmony-proxy: 404
     assert json.loads(httpx.get(vllm.url + "/kv_event_sources", timeout=10).text)["0"]["enable_kv_cache_events"]

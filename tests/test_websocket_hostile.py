@@ -70,9 +70,8 @@ def test_no_message_ends_the_connection_or_loses_a_running_response(server: Live
                 await socket.send(message)
             await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi",
                                           "stream_id": "last"}))
-            deadline = time.monotonic() + 30
-            while len(ends) < 2:
-                event = json.loads(await asyncio.wait_for(socket.recv(), deadline - time.monotonic()))
+            while len(ends) < 2:  # as long as events come (pytest-timeout catches a hang)
+                event = json.loads(await socket.recv())
                 assert event["type"] != "error" or event["status"] < 500, event  # a client's message: never 5xx
                 lane = event.get("stream_id")
                 if lane in ("probe", "last") and event["type"] in TERMINAL:
@@ -111,9 +110,12 @@ def test_binary_frames_are_text_and_invalid_utf8_closes_with_1007(server: LiveSe
             await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hé",
                                           "max_output_tokens": 16}).encode())
             final = (await until_done(socket))[-1]["type"]
-            await socket.send(b'{"type": "response.create", "input": "\xff"}')
             with pytest.raises(websockets.ConnectionClosed):
-                await asyncio.wait_for(socket.recv(), 10)
+                await socket.send(b'{"type": "response.create", "input": "\xff"}')
+                # The control: on a connection left open, this one is answered, and recv returns its first event.
+                await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi",
+                                              "max_output_tokens": 16}))
+                await socket.recv()
             return final, socket.close_code
 
     final, code = asyncio.run(run())
@@ -171,7 +173,7 @@ async def flood():
         for _ in range(count):
             if not at_once:
                 socket.transport.write(frame)
-            assert json.loads(await asyncio.wait_for(socket.recv(), 120))["type"] == "error"
+            assert json.loads(await socket.recv())["type"] == "error"
 
 asyncio.run(flood())
 """
@@ -220,7 +222,7 @@ def test_a_flood_of_small_messages_holds_the_loop_no_longer_than_a_small_burst(v
         for name, mode, count in [("warm-up", "one-at-a-time", 200), ("burst", "at-once", 250),
                                   ("flood", "at-once", FLOOD)]:
             held.longest = 0.0
-            subprocess.run([sys.executable, "-c", FLOOD_CLIENT, str(count), url, mode], check=True, timeout=300)
+            subprocess.run([sys.executable, "-c", FLOOD_CLIENT, str(count), url, mode], check=True)
             holds[name] = held.longest
     finally:
         gc.unfreeze()
