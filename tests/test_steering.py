@@ -44,7 +44,7 @@ def connect(server: LiveServer) -> Any:
 
 async def until(connection: Any, events: list[Any], done: Callable[[Any], bool]) -> Any:
     while True:
-        event = await asyncio.wait_for(connection.recv(), 20)
+        event = await connection.recv()
         events.append(event)
         if done(event):
             return event
@@ -207,7 +207,7 @@ def test_steers_past_the_budget_fail_and_the_server_stays_small(tmp_path: Path,
             await socket.send(json.dumps({"type": "response.steer", "input": big, "previous_response_id": target}))
         answers = []
         while len(answers) < 16:
-            event = json.loads(await asyncio.wait_for(socket.recv(), 60))
+            event = json.loads(await socket.recv())
             if event["type"] in ("response.steer.pending", "response.steer.failed"):
                 answers.append(event)
         return answers
@@ -223,7 +223,7 @@ def test_steers_past_the_budget_fail_and_the_server_stays_small(tmp_path: Path,
             events = [json.loads(await socket.recv())]
             while not (events[-1]["type"] == "response.output_item.added"
                        and events[-1]["item"]["type"] == "function_call"):
-                events.append(json.loads(await asyncio.wait_for(socket.recv(), 30)))
+                events.append(json.loads(await socket.recv()))
             answers = await steer_16(socket, events[0]["response"]["id"])
             grew["steered"] = rss_kib(server.process.pid) - before
             return answers

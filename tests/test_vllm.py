@@ -143,7 +143,7 @@ def test_responses_over_a_websocket(serve: Callable[..., LiveServer], vocab: Voc
                 previous = {"previous_response_id": turns[-1][-1]["response"]["id"]} if turns else {}
                 await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": text,
                                               "max_output_tokens": 16, "store": False, **previous}))
-                turns.append(await asyncio.wait_for(until_done(socket), 60))
+                turns.append(await until_done(socket))
             return turns
 
     for events in asyncio.run(two_turns()):

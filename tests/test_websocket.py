@@ -34,7 +34,7 @@ async def until_done(socket: Any) -> list[dict[str, Any]]:
     """The events of one response (or one error), up to its terminal event."""
     events = []
     while True:
-        event = json.loads(await asyncio.wait_for(socket.recv(), 10))
+        event = json.loads(await socket.recv())
         events.append(event)
         if event["type"] in TERMINAL:
             return events
@@ -180,7 +180,7 @@ def test_lanes_run_side_by_side_and_a_cancel_stops_one(serve: Callable[..., Live
             events: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
             cancelled = False
             while not all(events[lane] and events[lane][-1]["type"] in TERMINAL for lane in events):
-                event = json.loads(await asyncio.wait_for(socket.recv(), 10))
+                event = json.loads(await socket.recv())
                 events[event["stream_id"]].append(event)
                 if not cancelled and event["stream_id"] == "a" and event["type"] == "response.output_text.delta":
                     await socket.send(json.dumps({"type": "response.cancel",
@@ -209,7 +209,7 @@ def test_one_lane_runs_in_order_and_limits_hold(serve: Callable[..., LiveServer]
                 await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi"}))
             events = []
             while sum(e["type"] in TERMINAL for e in events) < 17:
-                events.append(json.loads(await asyncio.wait_for(socket.recv(), 20)))
+                events.append(json.loads(await socket.recv()))
             return events
 
     events = asyncio.run(run())
@@ -251,9 +251,9 @@ def test_connection_lifetime_ends_cleanly(serve: Callable[..., LiveServer], voca
 
     async def run() -> tuple[dict[str, Any], int | None]:
         async with websockets.connect(ws_url(server)) as socket:
-            event = json.loads(await asyncio.wait_for(socket.recv(), 5))
+            event = json.loads(await socket.recv())
             with pytest.raises(websockets.ConnectionClosedOK):
-                await asyncio.wait_for(socket.recv(), 5)
+                await socket.recv()
             return event, socket.close_code
 
     event, code = asyncio.run(run())
@@ -423,10 +423,10 @@ def test_admission_refuses_over_websocket_as_over_http(serve: Callable[..., Live
         async with websockets.connect(ws_url(server)) as socket:
             lanes: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
             await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "stream_id": "a"}))
-            lanes["a"].append(json.loads(await asyncio.wait_for(socket.recv(), 10)))  # a holds the slot
+            lanes["a"].append(json.loads(await socket.recv()))  # a holds the slot
             await socket.send(json.dumps({"type": "response.create", "model": MODEL, "input": "hi", "stream_id": "b"}))
             while not all(events and events[-1]["type"] in TERMINAL for events in lanes.values()):
-                event = json.loads(await asyncio.wait_for(socket.recv(), 10))
+                event = json.loads(await socket.recv())
                 lanes[event["stream_id"]].append(event)
             return lanes["a"], lanes["b"]
 
