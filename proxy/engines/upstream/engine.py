@@ -254,7 +254,7 @@ class UpstreamEngine:
         last_token: int | None = None
         generated = 0
         events = EventReader()
-        # Chunks that arrived together are one step: an upstream that ran ahead of us costs one frame, not many.
+        # A step is what `next_lines` hands on: the chunks of at most STEP_BYTES, one step a turn of the event loop.
         while True:
             try:
                 payloads = events.payloads(await response.next_lines())
@@ -285,8 +285,6 @@ class UpstreamEngine:
                                   code="upstream_error")
             generated += len(step)
             last_token = step[-1]
-            # One step per read, however much it brought: handing a fast upstream's backlog on in slices of 16
-            # tokens, a loop turn each, doubled the CPU per token and left TTFT where it was (docs/performance.md).
             yield Step(step)
         if finish is None:
             raise EngineError(
