@@ -409,3 +409,31 @@ def test_a_refusal_longer_than_a_read_ahead_is_read(serve_app: Callable[[Any], L
     status, body = asyncio.run(run())
     assert status == 400 and json.loads(body) == {"error": {"message": message}}
 
+
+def test_a_finished_answer_leaves_its_connection_before_the_last_step_is_handed_on(
+        serve_app: Callable[[Any], LiveServer], vocab: Any) -> None:
+    """The request after a finished one (a client that asks again the moment it has its answer) finds the
+    connection idle: it was released when the answer was whole, not when the reader closed the stream."""
+    from proxy.engines.base import GenerationRequest, SamplingParams
+
+    gate = Gate(vocab, 1)
+    upstream = serve_app(gate.app())
+    engine = UpstreamEngine(vocab, [upstream.base_url + "/v1"], MODEL, kv_events=False, token_endpoint=False)
+
+    async def run() -> list[tuple[bool, int]]:
+        await engine.start()
+        assert engine.pool is not None
+        seen = []
+        try:
+            for _ in range(2):
+                gate.arrived, gate._open = 0, None
+                steps = engine.generate(GenerationRequest("r", vocab.encode_harmony(ANSWER)[:5], SamplingParams(100)))
+                async for step in steps:
+                    if step.finish_reason is not None:
+                        seen.append((sum(map(len, engine.pool._idle.values())) == 1, engine.pool.opened))
+                await steps.aclose()
+        finally:
+            await engine.close()
+        return seen
+
+    assert asyncio.run(run()) == [(True, 1), (True, 1)]
