@@ -1,10 +1,10 @@
 """The upstream's token stream over HTTP/1.1: one keep-alive connection per request in flight, the response parsed
-by httptools straight from `data_received`, its SSE `data:` payloads handed on a network read at a time.
+by httptools straight from each read, its SSE `data:` lines handed on a bounded step a turn of the event loop.
 
 Why not httpx here: in front of a fast upstream (`benchmarks/load_bench.py --upstream`, cProfile), httpx, httpcore
 and h11 took about half of the front end's CPU per token: a pure-Python HTTP state machine, an anyio stream and
 several generators per network read. httptools is uvicorn's own parser (llhttp, in C; already a dependency), and an
-`asyncio.Protocol` over uvloop wakes the reader once per read whatever it brought. aiohttp's client parses with
+asyncio protocol over uvloop wakes the reader once per read whatever it brought. aiohttp's client parses with
 llhttp too, but it is not a dependency, and still goes through a stream reader and an iterator per read. Measured
 by `benchmarks/upstream_client_bench.py` (64 streams of vLLM-shaped chunks, client CPU per event, with the same
 SSE and msgspec decoding behind aiohttp; one event per write / 8 / 64): this client 3.7 / 1.6 / 2.5 us, aiohttp
