@@ -25,6 +25,8 @@ the streams split between them, so that `--ours-args="--workers 8"` is not limit
 - upstream (`--upstream`): ours with `--engine upstream`, in front of a harmony-proxy playing the same script
   (`--engine scripted`, no admission limit, `--upstream-args` added) on `--upstream-cpu`: the cost of reading an
   upstream next to the engine in process, as ours (the front end's CPU alone is counted); its table ends the run;
+  with `--upstream-canned` the upstream is benchmarks/canned_upstream.py instead (the same completion, pre-built:
+  a fast upstream where few cores are left for it; `--upstream-args` go to it, e.g. "--batch 1 --step-ms 20");
 - `--server-cmd NAME=TEMPLATE` (repeatable): any command; {python}, {port}, {script}, {tokens_per_step},
   {step_ms} are filled in, and {upstream}, the base URL of the `--upstream` server; run at every tokens-per-step
   if it uses {tokens_per_step}, else at 1 only.
@@ -133,6 +135,7 @@ class ServerKind:
         return [part.format(**values) for part in self.template]
 
 
+CANNED = ["{python}", "benchmarks/canned_upstream.py", "--port", "{port}", "--script", "{script}"]
 OURS = ["{python}", "-m", "proxy", "serve", "--engine", "scripted", "--script", "{script}", "--port", "{port}",
         "--log-level", "warning", "--no-store", "--token-delay-ms", "{step_ms}"]
 
@@ -449,6 +452,9 @@ def main() -> None:
     options.add_argument("--traced", action="store_true", help="also measure ours with tracing on ('traced')")
     options.add_argument("--upstream", action="store_true",
                          help="also measure ours in front of an upstream harmony-proxy ('upstream')")
+    options.add_argument("--upstream-canned", action="store_true",
+                         help="the upstream is benchmarks/canned_upstream.py (pre-built chunks, next to no CPU per "
+                              "token), not a harmony-proxy: a fast upstream on a machine of few cores")
     options.add_argument("--upstream-cpu", type=cpu_list, help="the upstream's CPUs (default: the server's)")
     options.add_argument("--upstream-args", default="",
                          help='extra `proxy serve` options for the upstream, e.g. --upstream-args="--workers 4"')
@@ -488,9 +494,10 @@ def main() -> None:
         try:
             upstream = ""
             if args.upstream:
-                behind = Server(ServerKind("behind", [*OURS, "--tokens-per-step", "{tokens_per_step}",
-                                                      "--max-concurrent-requests", "0",
-                                                      *shlex.split(args.upstream_args)], ROOT, dict(os.environ), True),
+                behind_command = (CANNED if args.upstream_canned else
+                                  [*OURS, "--tokens-per-step", "{tokens_per_step}", "--max-concurrent-requests", "0"])
+                behind = Server(ServerKind("behind", [*behind_command, *shlex.split(args.upstream_args)], ROOT,
+                                           dict(os.environ), True),
                                 tokens_per_step, args.step_ms, script, args.upstream_cpu or args.server_cpu, logs)
                 behind.wait_healthy()
                 upstream = f"http://127.0.0.1:{behind.port}/v1"

@@ -23,7 +23,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy.engines.upstream.engine import UpstreamEngine
-from proxy.engines.upstream.http import ConnectionPool, Origin, StreamEnded, UpstreamHTTPError
+from proxy.engines.upstream.http import (
+    FIRST_READ,
+    HIGH_WATER,
+    STEP_BYTES,
+    ConnectionPool,
+    Origin,
+    StreamEnded,
+    UpstreamHTTPError,
+)
 from tests.conftest import MODEL, LiveServer
 from tests.test_e2e_chat import ANSWER
 
@@ -270,3 +278,162 @@ def test_the_pool_is_sized_from_admission(serve_app: Callable[[Any], LiveServer]
         return opened
 
     assert asyncio.run(run()) == [5, 8]
+
+
+# Flow control and fairness: a step at most STEP_BYTES a turn, at most HIGH_WATER bytes read ahead.
+
+def _event_lines(count: int, size: int = 100) -> list[bytes]:
+    """`count` SSE events of `size` bytes each, numbered (a line out of place shows)."""
+    return [b"data: %0*d\n\n" % (size - 8, index) for index in range(count)]
+
+
+def test_a_reader_that_takes_nothing_stops_reading_with_at_most_high_water_held(
+        serve_app: Callable[[Any], LiveServer]) -> None:
+    """An upstream far ahead of its reader (4 MB sent, nothing taken): reading stops with FIRST_READ held, then
+    with HIGH_WATER held once a step was taken; TCP holds the rest. Everything comes whole, a step at a time."""
+    events = _event_lines(40_000)
+
+    async def body() -> Any:
+        for index in range(0, len(events), 100):
+            yield b"".join(events[index:index + 100])
+
+    url = raw_server(serve_app, lambda request: StreamingResponse(body(), media_type="text/event-stream"))
+
+    async def run() -> tuple[list[int], list[int], bytes]:
+        pool = ConnectionPool(5, 30)
+        held, steps, got = [], [], b""
+        try:
+            connection = await pool.post(Origin(url), "/go", b"{}")
+            for _ in range(2):
+                while not connection.paused:  # the reader takes nothing: reading must stop
+                    await asyncio.sleep(0.01)
+                held.append(connection.buffered)
+                lines = await connection.next_lines()
+                steps.append(len(lines))
+                got += lines
+            while True:
+                try:
+                    lines = await connection.next_lines()
+                except StreamEnded:
+                    break
+                steps.append(len(lines))
+                got += lines
+                held.append(connection.buffered)
+            connection.finish()
+            return held, steps, got
+        finally:
+            pool.close()
+
+    held, steps, got = asyncio.run(run())
+    assert held[0] <= FIRST_READ and max(held) <= HIGH_WATER
+    assert max(steps) <= STEP_BYTES
+    assert got == b"".join(events)
+
+
+def test_streams_with_lines_waiting_step_in_turn(serve_app: Callable[[Any], LiveServer]) -> None:
+    """Two answers read whole before their readers start: each reader takes a step of at most STEP_BYTES and lets
+    the other take one before its next, as the engine in process steps each request once a turn."""
+    events = b"".join(_event_lines(30))  # 3,000 bytes: within the first read, more than two steps
+    assert STEP_BYTES * 2 < len(events) <= FIRST_READ
+    url = raw_server(serve_app, lambda request: Response(events, media_type="text/event-stream"))
+
+    async def run() -> tuple[list[tuple[str, int]], list[bytes]]:
+        pool = ConnectionPool(5, 30)
+        order: list[tuple[str, int]] = []
+        try:
+            connections = [await pool.post(Origin(url), "/go", b"{}") for _ in range(2)]
+            for connection in connections:
+                while not connection.complete:
+                    await asyncio.sleep(0.01)
+
+            async def read(name: str, connection: Any) -> bytes:
+                got = b""
+                while True:
+                    try:
+                        lines = await connection.next_lines()
+                    except StreamEnded:
+                        return got
+                    order.append((name, len(lines)))
+                    got += lines
+
+            texts = await asyncio.gather(read("a", connections[0]), read("b", connections[1]))
+            return order, texts
+        finally:
+            pool.close()
+
+    order, texts = asyncio.run(run())
+    assert texts == [events, events]
+    assert all(size <= STEP_BYTES for _, size in order)
+    assert [name for name, _ in order] == ["a", "b"] * (len(order) // 2)
+
+
+def test_an_answer_left_unread_does_not_stall_its_connection_s_next(serve_app: Callable[[Any], LiveServer]) -> None:
+    """An answer that came whole while reading was stopped (its reader took nothing, a stop string say) leaves its
+    connection for the next request, which is read."""
+    body = b"".join(_event_lines(FIRST_READ // 128, 128))
+    assert len(body) == FIRST_READ  # reading stops as the last byte comes in
+    url = raw_server(serve_app, lambda request: Response(body, media_type="text/event-stream"))
+
+    async def run() -> tuple[tuple[int, bytes], bool, int]:
+        pool = ConnectionPool(5, 30)
+        try:
+            connection = await pool.post(Origin(url), "/go", b"{}")
+            while not connection.complete:
+                await asyncio.sleep(0.01)
+            paused = connection.paused
+            connection.finish()  # whole: kept for the next request
+            return await _lines(pool, url), paused, pool.opened
+        finally:
+            pool.close()
+
+    second, paused, opened = asyncio.run(run())
+    assert paused and opened == 1
+    assert second == (200, body)
+
+
+def test_a_refusal_longer_than_a_read_ahead_is_read(serve_app: Callable[[Any], LiveServer]) -> None:
+    """Reading stopped at the first read's bound before anyone asked for the refusal's body: it is read whole."""
+    message = "x" * (2 * HIGH_WATER)
+    url = raw_server(serve_app, lambda request: JSONResponse({"error": {"message": message}}, status_code=400))
+
+    async def run() -> tuple[int, bytes]:
+        pool = ConnectionPool(5, 30)
+        try:
+            connection = await pool.post(Origin(url), "/go", b"{}")
+            while not connection.paused:
+                await asyncio.sleep(0.01)
+            return connection.status, await connection.read_body()
+        finally:
+            pool.close()
+
+    status, body = asyncio.run(run())
+    assert status == 400 and json.loads(body) == {"error": {"message": message}}
+
+
+def test_a_finished_answer_leaves_its_connection_before_the_last_step_is_handed_on(
+        serve_app: Callable[[Any], LiveServer], vocab: Any) -> None:
+    """The request after a finished one (a client that asks again the moment it has its answer) finds the
+    connection idle: it was released when the answer was whole, not when the reader closed the stream."""
+    from proxy.engines.base import GenerationRequest, SamplingParams
+
+    gate = Gate(vocab, 1)
+    upstream = serve_app(gate.app())
+    engine = UpstreamEngine(vocab, [upstream.base_url + "/v1"], MODEL, kv_events=False, token_endpoint=False)
+
+    async def run() -> list[tuple[bool, int]]:
+        await engine.start()
+        assert engine.pool is not None
+        seen = []
+        try:
+            for _ in range(2):
+                gate.arrived, gate._open = 0, None
+                steps = engine.generate(GenerationRequest("r", vocab.encode_harmony(ANSWER)[:5], SamplingParams(100)))
+                async for step in steps:
+                    if step.finish_reason is not None:
+                        seen.append((sum(map(len, engine.pool._idle.values())) == 1, engine.pool.opened))
+                await steps.aclose()
+        finally:
+            await engine.close()
+        return seen
+
+    assert asyncio.run(run()) == [(True, 1), (True, 1)]

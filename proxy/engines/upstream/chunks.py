@@ -1,9 +1,10 @@
 """The upstream's `/v1/completions` stream read: SSE lines to `data:` payloads, payloads to typed chunks.
 
-Decoding is msgspec's (a dependency already): every payload of one network read is decoded in one call, into
-structs that keep only the fields we read. Fields we do not read are skipped without building Python objects, so
-vLLM's echo of the prompt's ids (`prompt_token_ids`, ~0.6 MB for a 100k-token prompt) costs a scan, not a list of
-100k ints; the stdlib's json built every object and took about a tenth of the front end's CPU per token.
+Decoding is msgspec's (a dependency already): every payload of one step (what `UpstreamConnection.next_lines`
+hands on) is decoded in one call, into structs that keep only the fields we read. Fields we do not read are skipped
+without building Python objects, so vLLM's echo of the prompt's ids (`prompt_token_ids`, ~0.6 MB for a 100k-token
+prompt) costs a scan, not a list of 100k ints; the stdlib's json built every object and took about a tenth of the
+front end's CPU per token.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 import msgspec
 
 
-# gc=False: chunks hold only JSON values (no cycles), and hundreds of them come in one read: tracked, they would
-# trigger the collector's young generation every few reads.
+# gc=False: chunks hold only JSON values (no cycles), and thousands of them are decoded in a turn of the event loop (a
+# step of a few for each stream): tracked, they would trigger the collector's young generation several times a turn.
 class Logprobs(msgspec.Struct, gc=False):
     tokens: list[str] | None = None  # with vLLM's return_tokens_as_token_ids: `token_id:N`
 
@@ -69,8 +70,8 @@ class EventReader:
 
     def payloads(self, lines: bytes) -> list[bytes]:
         if not self._event and not self.done and b"event:" not in lines and b"\r" not in lines:
-            found = _DATA.findall(lines)  # what nearly every read holds: `data:` lines and blank ones, one C call
-            if b"[DONE]" in lines:  # the end (in the read that brings the whole answer, from a fast upstream)
+            found = _DATA.findall(lines)  # what nearly every step holds: `data:` lines and blank ones, one C call
+            if b"[DONE]" in lines:  # the end (with the last events, in the same step)
                 for index, payload in enumerate(found):
                     if payload.rstrip() == b"[DONE]":
                         self.done = True

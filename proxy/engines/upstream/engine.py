@@ -167,8 +167,15 @@ class UpstreamEngine:
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Step, None]:
         response, route, replica = await self._open(self._body(request), request)
         url = self._urls[replica]
+        done = False
         try:
             async for step in self._steps(response, url, request):
+                if step.finish_reason is not None:
+                    # The answer came whole and every line of it was taken: its connection is free before the
+                    # client has the last step (and may come back at once for another).
+                    done = True
+                    self.router.finished(route, replica)
+                    response.finish()
                 yield step
         except UpstreamHTTPError as exc:
             raise EngineError(
@@ -177,8 +184,9 @@ class UpstreamEngine:
                 code="upstream_error",
             ) from exc
         finally:
-            self.router.finished(route, replica)
-            response.finish()  # closing an unfinished stream is how the upstream learns to abort the request
+            if not done:
+                self.router.finished(route, replica)
+                response.finish()  # closing an unfinished stream is how the upstream learns to abort the request
 
     def _body(self, request: GenerationRequest) -> dict[str, Any]:
         guided, unenforced = self.guided.fields(request.constraint)
@@ -254,7 +262,7 @@ class UpstreamEngine:
         last_token: int | None = None
         generated = 0
         events = EventReader()
-        # Chunks that arrived together are one step: an upstream that ran ahead of us costs one frame, not many.
+        # A step is what `next_lines` hands on: the chunks of at most STEP_BYTES, one step a turn of the event loop.
         while True:
             try:
                 payloads = events.payloads(await response.next_lines())
@@ -285,8 +293,6 @@ class UpstreamEngine:
                                   code="upstream_error")
             generated += len(step)
             last_token = step[-1]
-            # One step per read, however much it brought: handing a fast upstream's backlog on in slices of 16
-            # tokens, a loop turn each, doubled the CPU per token and left TTFT where it was (docs/performance.md).
             yield Step(step)
         if finish is None:
             raise EngineError(

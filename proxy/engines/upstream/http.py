@@ -1,10 +1,10 @@
 """The upstream's token stream over HTTP/1.1: one keep-alive connection per request in flight, the response parsed
-by httptools straight from `data_received`, its SSE `data:` payloads handed on a network read at a time.
+by httptools straight from each read, its SSE `data:` lines handed on a bounded step a turn of the event loop.
 
 Why not httpx here: in front of a fast upstream (`benchmarks/load_bench.py --upstream`, cProfile), httpx, httpcore
 and h11 took about half of the front end's CPU per token: a pure-Python HTTP state machine, an anyio stream and
 several generators per network read. httptools is uvicorn's own parser (llhttp, in C; already a dependency), and an
-`asyncio.Protocol` over uvloop wakes the reader once per read whatever it brought. aiohttp's client parses with
+asyncio protocol over uvloop wakes the reader once per read whatever it brought. aiohttp's client parses with
 llhttp too, but it is not a dependency, and still goes through a stream reader and an iterator per read. Measured
 by `benchmarks/upstream_client_bench.py` (64 streams of vLLM-shaped chunks, client CPU per event, with the same
 SSE and msgspec decoding behind aiohttp; one event per write / 8 / 64): this client 3.7 / 1.6 / 2.5 us, aiohttp
@@ -12,8 +12,15 @@ SSE and msgspec decoding behind aiohttp; one event per write / 8 / 64): this cli
 
 No hidden limits: a request never waits for a connection. It takes an idle one to its replica or opens one; how
 many are in flight is bounded by admission (`--max-concurrent-requests`), which also bounds the idle connections
-kept per replica (`max_idle`). Memory is bounded too: reading pauses while more than `HIGH_WATER` bytes wait for a
-slow consumer, and one SSE line may be at most `MAX_LINE` bytes.
+kept per replica (`max_idle`).
+
+Flow control, and fairness between streams: the reader is handed a step of at most `STEP_BYTES` (whole lines) at a
+time, one per turn of the event loop, as an engine in process hands on one step per stream per turn. Taking all
+that had come in one step let a fast upstream that ran ahead of a saturated front end make every turn work through
+every stream's backlog before a new request's first token. A stream holds at most `HIGH_WATER` bytes read and not
+yet taken: a read brings no more than the room left (`asyncio.BufferedProtocol`), reading stops when it is full and
+starts again once the reader has taken it down to `LOW_WATER`, and TCP holds the rest, slowing the upstream to what
+is delivered. Only a line longer than that (vLLM echoing a prompt's ids) grows past it, up to `MAX_LINE`.
 """
 
 from __future__ import annotations
@@ -25,7 +32,11 @@ from urllib.parse import urlsplit
 
 import httptools
 
-HIGH_WATER = 1 << 20  # bytes received and not yet taken; reading pauses past it while the consumer is busy
+HIGH_WATER = 16 << 10  # a stream's bytes read and not yet taken: reading stops when it holds this many
+LOW_WATER = 8 << 10  # ... and starts again once the reader has taken it down to this
+STEP_BYTES = 1 << 10  # the most one step takes (whole lines; a longer line whole): ~4 vLLM chunks
+FIRST_READ = 4 << 10  # ... until the reader has taken its first step: the head and a few lines, soon handed on
+LONG_LINE_READ = 64 << 10  # what a read may bring while a line longer than HIGH_WATER comes in
 MAX_LINE = 64 << 20  # one SSE line (vLLM echoes a whole prompt's ids in one)
 ERROR_BODY = 1 << 16  # what is kept of a refusal's body
 LOOP_LAG = 0.1  # seconds late a timer may run before we take it for a busy event loop, not a slow upstream
@@ -67,6 +78,8 @@ class ConnectionPool:
         self._headers = _header_lines(headers or {})
         self._idle: dict[tuple[str, int, bool], list[UpstreamConnection]] = {}
         self._ssl: ssl.SSLContext | None = None
+        # Every connection reads into this, one read at a time (the bytes are parsed before the next read).
+        self.reads = memoryview(bytearray(max(HIGH_WATER, LONG_LINE_READ)))
         self.opened = 0  # connections opened so far (tests read it)
 
     async def post(self, origin: Origin, path: str, body: bytes,
@@ -148,10 +161,10 @@ async def _sent(connection: UpstreamConnection, request: bytes, key: tuple[str, 
         raise
 
 
-class UpstreamConnection(asyncio.Protocol):
-    """One keep-alive connection, one request at a time. `data_received` feeds httptools; the body's bytes gather
-    in one buffer, and the reader (`next_lines`) takes every complete line at once: what arrived together is one
-    batch, one wake-up."""
+class UpstreamConnection(asyncio.BufferedProtocol):
+    """One keep-alive connection, one request at a time. Each read (at most the room left under `HIGH_WATER`) feeds
+    httptools; the body's bytes gather in one buffer, and the reader (`next_lines`) takes the complete lines there, a
+    step of at most `STEP_BYTES` a turn."""
 
     def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
@@ -165,6 +178,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
         self._paused = False
+        self._high = FIRST_READ  # reading stops when the buffer holds this much: HIGH_WATER once a step was taken
+        self._turn_owed = False  # the last step left complete lines: the loop turns before the next
         self._failure: UpstreamHTTPError | None = None
         self._lost = False
         self.status = 0
@@ -180,8 +195,12 @@ class UpstreamConnection(asyncio.Protocol):
         self.status, self.answered, self.complete, self._framed = 0, False, False, False
         self._buffer.clear()
         self._scanned = 0
+        self._turn_owed = False
+        self._high = FIRST_READ
         self._parser = httptools.HttpResponseParser(self)
         assert self._transport is not None
+        if self._paused:  # the last answer came whole, its reader stopped before taking it all: read this one
+            self._resume()
         self._transport.write(request)
         self._last_data = self._loop.time()
         self._timer = self._loop.call_later(self._pool.read_timeout, self._check_idle)
@@ -189,19 +208,32 @@ class UpstreamConnection(asyncio.Protocol):
             await self._wait()
         return self
 
-    async def next_lines(self) -> bytes:
-        """The complete lines of the body not taken yet (at least one), ending in a newline; StreamEnded once the
-        answer is over, UpstreamHTTPError if the connection fails first."""
+    async def next_lines(self, limit: int = STEP_BYTES) -> bytes:
+        """The complete lines of the body not taken yet, ending in a newline: at least one, at most `limit` bytes of
+        them (a longer line whole; 0: no limit). StreamEnded once the answer is over, UpstreamHTTPError if the
+        connection fails first. Where the last call left complete lines, this one lets the event loop turn first: a
+        stream steps once a turn, like every other."""
+        if self._turn_owed:
+            self._turn_owed = False
+            await asyncio.sleep(0)
+        buffer = self._buffer
         while True:
-            end = self._buffer.rfind(b"\n", self._scanned)
+            if limit and len(buffer) > limit:
+                end = buffer.rfind(b"\n", 0, limit)
+                if end < 0:  # the first line is longer than a step
+                    end = buffer.find(b"\n", max(limit, self._scanned))
+            else:
+                end = buffer.rfind(b"\n", self._scanned)
             if end >= 0:
-                lines = bytes(self._buffer[: end + 1])
-                del self._buffer[: end + 1]
+                lines = bytes(buffer[: end + 1])
+                del buffer[: end + 1]
                 self._scanned = 0
-                if self._paused and len(self._buffer) < HIGH_WATER:
+                self._turn_owed = buffer.find(b"\n") >= 0
+                self._high = HIGH_WATER
+                if self._paused and len(buffer) <= LOW_WATER:
                     self._resume()
                 return lines
-            self._scanned = len(self._buffer)
+            self._scanned = len(buffer)
             if self.complete:
                 if self._buffer:  # a last line with no newline
                     lines = bytes(self._buffer) + b"\n"
@@ -217,8 +249,11 @@ class UpstreamConnection(asyncio.Protocol):
 
     async def read_body(self) -> bytes:
         """The rest of the answer (a refusal's), at most ERROR_BODY bytes of it; the connection is closed after."""
+        self._high = ERROR_BODY
         try:
             while not self.complete and len(self._buffer) < ERROR_BODY:
+                if self._paused:
+                    self._resume()
                 await self._wait()
         finally:
             self.close()
@@ -232,6 +267,16 @@ class UpstreamConnection(asyncio.Protocol):
             self._pool.release(self, self._key)
         else:
             self.close()
+
+    @property
+    def paused(self) -> bool:
+        """Reading is stopped: the buffer is full (HIGH_WATER, FIRST_READ before the first step)."""
+        return self._paused
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of the body read and not yet taken."""
+        return len(self._buffer)
 
     def reusable(self) -> bool:
         return not self._lost and self._failure is None and self._transport is not None \
@@ -284,21 +329,27 @@ class UpstreamConnection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.resume_reading()
 
-    # asyncio.Protocol
+    # asyncio.BufferedProtocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read goes: as much as the room left under HIGH_WATER (none left: a line longer than that
+        is coming in, which `next_lines` reads on for)."""
+        room = self._high - len(self._buffer)
+        return self._pool.reads[: room if room > 0 else LONG_LINE_READ]
+
+    def buffer_updated(self, nbytes: int) -> None:
         self._last_data = self._loop.time()
         self.answered = True
         try:
-            self._parser.feed_data(data)
+            self._parser.feed_data(self._pool.reads[:nbytes])
         except httptools.HttpParserError:
             self._fail(UpstreamHTTPError("the upstream sent an answer that is not HTTP"))
             return
-        if self._waiter is None and len(self._buffer) > HIGH_WATER and self._transport is not None:
-            self._paused = True  # the reader is busy (a slow client): let TCP hold the rest
+        if len(self._buffer) >= self._high and not self._paused and self._transport is not None:
+            self._paused = True  # full: TCP holds the rest until the reader has taken some
             self._transport.pause_reading()
         self._wake()
 
