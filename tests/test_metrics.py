@@ -288,17 +288,25 @@ def test_workers_add_up_their_metrics_and_the_supervisor_removes_the_folder(tmp_
          "--workers", "2", "--store-path", str(tmp_path / "store.sqlite3")],
         env=clean_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    requests = 24
+    requests = 0
     try:
         wait_healthy(port, process)
         base = f"http://127.0.0.1:{port}"
-        for _ in range(requests):  # a new connection each: the kernel spreads them over the workers
+
+        def counting_workers() -> set[str]:
+            folders = list(Path(tmp_path).glob("harmony-proxy-metrics-*"))
+            return {path.stem.rsplit("_", 1)[1] for folder in folders for path in folder.glob("counter_*.db")}
+
+        # A new connection each: the kernel spreads them over the workers, as soon as both accept (on a busy
+        # machine one may still be starting): requests go on until both have counted some, 24 at least.
+        while requests < 24 or len(counting_workers()) < 2:
+            assert process.poll() is None and requests < 2000, "a worker never answered"
             answer = httpx.post(base + "/v1/chat/completions", json={"model": MODEL, "messages": HI}, timeout=10)
             assert answer.status_code == 200
             usage = answer.json()["usage"]
+            requests += 1
         folder = next(Path(tmp_path).glob("harmony-proxy-metrics-*"))
-        pids = {path.stem.rsplit("_", 1)[1] for path in folder.glob("counter_*.db")}
-        assert len(pids) == 2  # both workers write their counts there
+        assert len(counting_workers()) == 2  # both workers write their counts there
         for _ in range(8):  # whichever worker answers, it reports everyone's
             metrics = scrape(base)
             assert metrics.value("vllm:request_success_total", finished_reason="stop") == requests
